@@ -1,0 +1,124 @@
+"""What every revisable asset (harness, skill, skill library, rubric) shares.
+
+An asset version is immutable data: a pydantic model (extra="forbid") whose identity is the
+sha256 of its canonical JSON. The parent hash is lineage, not content, so it is left out of the
+hash: storing the same content twice (e.g. a proposal that reverts to an ancestor) resolves to
+the one existing version.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+# Fields that describe where a version came from rather than what it is.
+LINEAGE_FIELDS = frozenset({"parent"})
+
+
+def canonical_json(data: Any) -> str:
+    """Key-sorted, whitespace-free JSON: the same content always gives the same bytes.
+
+    >>> canonical_json({"b": 1, "a": [1, 2]})
+    '{"a":[1,2],"b":1}'
+    """
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def sha256_hex(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+# kind -> class, filled by subclasses; the store rebuilds stored versions through it.
+ASSET_TYPES: dict[str, type["Asset"]] = {}
+
+
+class Asset(BaseModel):
+    """Base class of versioned assets. Subclasses set `kind` and `editable_fields`."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "kind" in cls.__dict__:
+            ASSET_TYPES[cls.kind] = cls
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+    kind: ClassVar[str] = "asset"
+    # The fields a proposer may change (dotted paths allowed for nested ones). Everything else
+    # in a proposal's diff makes the proposal invalid.
+    editable_fields: ClassVar[frozenset[str]] = frozenset()
+
+    name: str
+    parent: str | None = None  # content hash of the version this one was derived from
+
+    def content(self) -> dict[str, Any]:
+        """The hashed part: everything but lineage, as JSON-compatible data."""
+        return self.model_dump(mode="json", exclude=set(LINEAGE_FIELDS))
+
+    def canonical(self) -> str:
+        return canonical_json(self.content())
+
+    @property
+    def hash(self) -> str:
+        # kind is part of the identity: a skill and a rubric with equal fields differ.
+        return sha256_hex(f"{self.kind}\n{self.canonical()}")
+
+    def child(self, **changes: Any) -> "Asset":
+        """A new version with `changes` applied and this version as its parent (validated)."""
+        data = self.model_dump(mode="python")
+        data.update(changes)
+        data["parent"] = self.hash
+        return type(self).model_validate(data)
+
+
+def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    """Dotted-path view of nested dicts; lists stay whole (a list field diffs as one text)."""
+    if isinstance(data, dict) and data:
+        out: dict[str, Any] = {}
+        for key, value in data.items():
+            out.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: data}
+
+
+def _as_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value if value.endswith("\n") or not value else value + "\n"
+    if value is None:
+        return ""
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def changed_fields(old: Asset | dict, new: Asset | dict) -> list[str]:
+    """Dotted paths of leaf fields whose values differ (lineage excluded)."""
+    a = _flatten(old.content() if isinstance(old, Asset) else old)
+    b = _flatten(new.content() if isinstance(new, Asset) else new)
+    return sorted(k for k in a.keys() | b.keys() if a.get(k, _MISSING) != b.get(k, _MISSING))
+
+
+_MISSING = object()
+
+
+def diff(old: Asset, new: Asset, context: int = 3) -> dict[str, str]:
+    """Field-level unified diff: {dotted field path: unified diff text} for each changed field."""
+    a, b = _flatten(old.content()), _flatten(new.content())
+    out: dict[str, str] = {}
+    for key in changed_fields(old, new):
+        lines = difflib.unified_diff(
+            _as_text(a.get(key)).splitlines(keepends=True),
+            _as_text(b.get(key)).splitlines(keepends=True),
+            fromfile=f"{old.hash[:12]}:{key}",
+            tofile=f"{new.hash[:12]}:{key}",
+            n=context,
+        )
+        out[key] = "".join(lines)
+    return out
+
+
+def format_diff(old: Asset, new: Asset) -> str:
+    """All field diffs as one text, in field order (what `coevo harness diff` prints)."""
+    parts = diff(old, new)
+    return "".join(parts[k] for k in sorted(parts)) or "(no changes)\n"
