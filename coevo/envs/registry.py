@@ -1,0 +1,140 @@
+"""Environment specs -> environments.
+
+A spec is `<kind>:<argument>[?key=value&...]`:
+
+- `bfcl:<category>` single-turn BFCL, `bfcl-multi:<category>` multi-turn BFCL,
+  `rg:<dataset>` a reasoning-gym dataset (query keys and unknown options are the dataset's
+  kwargs: `rg:basic_arithmetic?min_terms=2&max_terms=3`);
+- `pkg.module:ClassOrFactory` a plugin: imported and called with the options; the result
+  must satisfy `coevo.envs.base.Environment`.
+
+Query values are read as JSON when they parse (`3`, `true`, `[1,2]`), else as strings.
+Keyword options passed to `make_env` override query values. An unknown kind fails with the
+list of known kinds (`coevo.registry.Registry`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import parse_qsl
+
+from coevo.envs.base import Environment
+from coevo.errors import CoevoError
+from coevo.registry import Registry, UnknownName
+
+EnvFactory = Callable[..., Environment]
+ENV_KINDS: Registry[EnvFactory] = Registry("environment kind")
+
+_DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+
+def register_env(kind: str) -> Callable[[EnvFactory], EnvFactory]:
+    """Decorator: `@register_env("mykind")` on `factory(argument: str, **opts)`."""
+    return ENV_KINDS.register(kind)
+
+
+def _bfcl(category: str, **opts: Any) -> Environment:
+    from coevo.envs.bfcl import BFCLEnv
+
+    return BFCLEnv(category, **opts)
+
+
+def _bfcl_multi(category: str, **opts: Any) -> Environment:
+    from coevo.envs.bfcl_multi import BFCLMultiEnv
+
+    return BFCLMultiEnv(category, **opts)
+
+
+_RG_ENV_OPTIONS = {"size", "seed", "split", "calculator"}
+
+
+def _rg(dataset: str, **opts: Any) -> Environment:
+    from coevo.envs.reasoning_gym import ReasoningGymEnv
+
+    env_opts = {k: opts.pop(k) for k in list(opts) if k in _RG_ENV_OPTIONS}
+    kwargs = {**opts.pop("dataset_kwargs", {}), **opts}  # everything else configures the dataset
+    return ReasoningGymEnv(dataset, dataset_kwargs=kwargs, **env_opts)
+
+
+ENV_KINDS.add("bfcl", _bfcl)
+ENV_KINDS.add("bfcl-multi", _bfcl_multi)
+ENV_KINDS.add("rg", _rg)
+
+
+def _query(text: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, raw in parse_qsl(text, keep_blank_values=True, strict_parsing=False):
+        try:
+            out[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key] = raw
+    return out
+
+
+def parse_spec(spec: str) -> tuple[str, str, dict[str, Any]]:
+    """(kind or plugin path, argument, query options)."""
+    if not isinstance(spec, str) or ":" not in spec:
+        raise CoevoError(
+            f"environment spec {spec!r} must look like <kind>:<argument> or "
+            f"pkg.module:Factory; known kinds: {', '.join(ENV_KINDS.names())}"
+        )
+    head, rest = spec.split(":", 1)
+    arg, _, query = rest.partition("?")
+    return head, arg, _query(query)
+
+
+def make_env(spec: str, **opts: Any) -> Environment:
+    """Build the environment a spec names (see module docstring)."""
+    head, arg, query = parse_spec(spec)
+    options = {**query, **opts}
+    if head in ENV_KINDS:
+        factory = ENV_KINDS.get(head)
+        try:
+            return factory(arg, **options)
+        except TypeError as e:  # an option the environment does not take
+            if "argument" not in str(e):
+                raise
+            raise CoevoError(f"environment {spec!r}: {e}") from None
+    if _DOTTED.match(head) and _DOTTED.match(arg):
+        return _plugin(spec, head, arg, options)
+    try:
+        ENV_KINDS.get(head)
+    except UnknownName as e:
+        raise CoevoError(f"environment {spec!r}: {e} (or a plugin pkg.module:Factory)") from None
+    raise AssertionError("unreachable")
+
+
+def _plugin(spec: str, module_name: str, attr_path: str, options: dict[str, Any]) -> Environment:
+    known = ", ".join(ENV_KINDS.names())
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as e:
+        raise CoevoError(
+            f"environment {spec!r}: {module_name!r} is neither a known kind ({known}) "
+            f"nor an importable module ({e})"
+        ) from None
+    for part in attr_path.split("."):
+        if not hasattr(obj, part):
+            raise CoevoError(f"environment {spec!r}: {module_name} has no attribute {attr_path!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise CoevoError(f"environment {spec!r}: {attr_path} is not a class or factory")
+    try:
+        env = obj(**options)
+    except TypeError as e:
+        if "argument" not in str(e):
+            raise
+        raise CoevoError(f"environment {spec!r}: {e}") from None
+    if not isinstance(env, Environment):
+        missing = [m for m in ("name", "single_turn", "tasks", "start", "step", "score") if not hasattr(env, m)]
+        raise CoevoError(f"environment {spec!r}: {attr_path} returned {type(env).__name__}, "
+                         f"which lacks {', '.join(missing)} (see coevo.envs.base.Environment)")
+    return env
+
+
+def env_kinds() -> list[str]:
+    return ENV_KINDS.names()
