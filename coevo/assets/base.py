@@ -11,9 +11,9 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict
 
 # Fields that describe where a version came from rather than what it is.
 LINEAGE_FIELDS = frozenset({"parent"})
@@ -30,6 +30,29 @@ def canonical_json(data: Any) -> str:
 
 def sha256_hex(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def normalize_text(value: str) -> str:
+    """LF line ends, no trailing whitespace on any line, no blank lines at either end.
+
+    Free text in assets (prompts, skill bodies, demo messages) goes through this so invisible
+    differences (CRLF, trailing spaces, a final blank line) do not make a new version, and the
+    YAML dumper can always write the text as a `|` block (trailing spaces force quoted style).
+    Indentation of the first line is kept: it can matter (code in a skill body).
+
+    >>> normalize_text("\\n\\nUse tools.  \\r\\n  Be brief.\\t\\n\\n")
+    'Use tools.\\n  Be brief.'
+    """
+    lines = [ln.rstrip() for ln in value.replace("\r\n", "\n").replace("\r", "\n").split("\n")]
+    while lines and not lines[0]:
+        lines.pop(0)
+    while lines and not lines[-1]:
+        lines.pop()
+    return "\n".join(lines)
+
+
+# A str field holding free text, normalised as above.
+Text = Annotated[str, AfterValidator(normalize_text)]
 
 
 # kind -> class, filled by subclasses; the store rebuilds stored versions through it.
@@ -122,3 +145,19 @@ def format_diff(old: Asset, new: Asset) -> str:
     """All field diffs as one text, in field order (what `coevo harness diff` prints)."""
     parts = diff(old, new)
     return "".join(parts[k] for k in sorted(parts)) or "(no changes)\n"
+
+
+def is_editable(cls: type[Asset], path: str) -> bool:
+    """Whether a proposer may change the field at dotted `path`: the path is an editable field
+    or lies inside one (`decoding` whitelists `decoding.temperature`)."""
+    return any(path == f or path.startswith(f + ".") for f in cls.editable_fields)
+
+
+def forbidden_changes(old: Asset, new: Asset) -> list[str]:
+    """Changed fields a proposer may not touch (empty list = the revision is admissible).
+
+    A different kind is reported as the pseudo-field `kind`.
+    """
+    if old.kind != new.kind:
+        return ["kind"]
+    return [p for p in changed_fields(old, new) if not is_editable(type(old), p)]

@@ -57,6 +57,11 @@ class Environment(Protocol):
     - `single_turn`: the agent's first response is the answer (BFCL single-turn categories:
       tool calls are scored, not executed). Otherwise `start` + `step` run tool calls against
       the environment's own state until the agent answers or the harness's turn limit is hit.
+    - Optional `next_turn(state) -> list[dict] | None`: multi-turn environments with several
+      user turns (BFCL multi-turn) return the next user messages when the agent answers
+      without a tool call, None when the conversation is over; a state with a `tools`
+      attribute offers those tools from then on (functions revealed mid-episode).
+    - `score` receives the state `start` returned (multi-turn verifiers need the history).
     - `score` never raises for bad agent output: a malformed answer scores 0 with a reason in
       `info`. It raises `coevo.errors.InfraError` only when the verifier itself cannot run.
     """
