@@ -1,0 +1,139 @@
+"""Alembic migrations: a blank database migrates to exactly the ORM's schema, and a database
+left at revision 0001 with data in it upgrades to head keeping that data (as simonw/llm's
+tests/test_migrate.py does for its migrations). Runs on SQLite and, with COEVO_TEST_PG_URL,
+on PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from datetime import datetime, timezone
+from fnmatch import fnmatch
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+
+from coevo.assets.base import Asset
+from coevo.errors import CoevoError
+from coevo.store import Store, codec
+from coevo.store.engine import make_engine
+from coevo.store.store import MIGRATIONS
+from coevo.store.tables import Base
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class MigNote(Asset):
+    kind = "testmignote"
+    text: str = ""
+
+
+def test_blank_database_migrates_to_the_orm_schema(db_url):
+    store = Store(make_engine(db_url))
+    assert store.current_revision() is None
+    store.upgrade()
+    assert store.current_revision() == store.head_revision() == "0002"
+    with store.engine.connect() as conn:
+        diffs = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}),
+                                 Base.metadata)
+        tables = set(sa.inspect(conn).get_table_names())
+    assert diffs == []
+    assert tables == set(Base.metadata.tables) | {"alembic_version"}
+    store.close()
+
+
+def test_schema_checker_sees_a_difference(db_url):
+    """The comparison above can fail: stopping at 0001 leaves the budget ledger missing."""
+    store = Store(make_engine(db_url))
+    store.upgrade("0001")
+    with store.engine.connect() as conn:
+        diffs = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+    added = {d[1].name for d in diffs if d[0] == "add_table"}
+    indexes = {d[1].name for d in diffs if d[0] == "add_index"}
+    assert added == {"budgets"}
+    assert {"ix_trajectories_harness_hash", "ix_proposals_run_id_status"} <= indexes
+    store.close()
+
+
+def _insert(conn: sa.Connection, table: str, **values) -> None:
+    cols = ", ".join(f'"{k}"' for k in values)
+    params = ", ".join(f":{k}" for k in values)
+    conn.execute(sa.text(f'INSERT INTO {table} ({cols}) VALUES ({params})'), values)
+
+
+def test_upgrade_from_0001_keeps_data(db_url):
+    old = Store(make_engine(db_url))
+    old.upgrade("0001")
+    note = MigNote(name="seed", text="hello")
+    child = note.child(text="hello again")
+    now = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    ids, mask, lps = [5, 6, 7, 49151], [0, 0, 1, 1], [0.0, 0.0, -0.25, -1.5]
+    # Rows as coevo at revision 0001 wrote them, in plain SQL: the old schema, not the ORM's.
+    with old.engine.begin() as conn:
+        for a in (note, child):
+            _insert(conn, "asset_versions", hash=a.hash, kind=a.kind, name=a.name,
+                    parent_hash=a.parent, content=json.dumps(a.content()), created_at=now)
+        _insert(conn, "runs", id="run1", name="old-run", config=json.dumps({"seed": 1}),
+                mode="gated", status="running", created_at=now, updated_at=now)
+        _insert(conn, "rounds", run_id="run1", index=0, status="done", started_at=now,
+                summary=json.dumps({"reward": 0.5}))
+        _insert(conn, "trajectories", id="t1", run_id="run1", round=0, env="toy", task_id="k1",
+                split="train", sample_index=0, seed=3, status="ok", success=True, outcome=1.0,
+                reward=0.75, criteria=json.dumps({"format": 1.0}), messages=json.dumps(
+                    [{"role": "user", "content": "hi"}]), turns=json.dumps([]),
+                token_ids=codec.pack_ids(ids), loss_mask=codec.pack_mask(mask),
+                logprobs=codec.pack_logprobs(lps), n_tokens=4, prompt_len=2, trainable=True,
+                active_skills=json.dumps([]), harness_hash=child.hash, model="m",
+                timings=json.dumps({"generate": 0.1}), created_at=now)
+        _insert(conn, "proposals", id="p1", run_id="run1", round=0, proposer="lm", kind=note.kind,
+                parent_hash=note.hash, candidate_hash=child.hash, status="accepted",
+                rationale="r", predicted_effect="+", prompt="", raw_output="",
+                diff=json.dumps({"text": "..."}), created_at=now)
+    old.close()
+
+    store = Store.open(db_url)  # opening migrates to head
+    assert store.current_revision() == "0002"
+    assert store.get_asset("testmignote", "seed") == child  # latest version of that name
+    assert [r.hash for r in store.ancestors(child.hash)] == [note.hash]
+    assert store.get_run("old-run").config == {"seed": 1}
+    assert store.get_round("old-run", 0).summary == {"reward": 0.5}
+    (t,) = store.trajectories(harness=child.hash)  # served by 0002's new index
+    assert (t.id, t.token_ids, t.loss_mask, t.logprobs) == ("t1", ids, mask, lps)
+    assert t.criteria == {"format": 1.0} and t.reward == 0.75
+    assert [p.id for p in store.proposals(run="run1", status="accepted")] == ["p1"]
+    store.add_budget("old-run", "rollouts", 8, round=0)  # the table 0002 added
+    assert store.budget_totals("old-run") == {"rollouts": 8.0}
+    store.close()
+
+
+def test_database_from_a_newer_coevo_is_a_clear_error(db_url):
+    store = Store.open(db_url)
+    with store.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE alembic_version SET version_num = '9999'"))
+    with pytest.raises(CoevoError, match="9999.*newest revision is 0002"):
+        store.upgrade()
+    store.close()
+
+
+def test_open_without_migrate_leaves_blank_database(tmp_path):
+    store = Store.open(str(tmp_path / "x.db"), migrate=False)
+    assert store.current_revision() is None
+    assert store.head_revision() == "0002"
+    store.upgrade("0001")
+    assert store.current_revision() == "0001"
+    store.close()
+
+
+def test_migration_files_are_package_data():
+    """Opening a store from an installed wheel needs env.py and every revision: each must be
+    matched by a pyproject package-data pattern (relative to the coevo package)."""
+    patterns = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"]["coevo"]
+    needed = [MIGRATIONS / "env.py", *sorted((MIGRATIONS / "versions").glob("*.py"))]
+    assert len(needed) >= 3
+    for path in needed:
+        rel = path.relative_to(REPO / "coevo").as_posix()
+        assert any(fnmatch(rel, p) for p in patterns), f"{rel} is not package data"
