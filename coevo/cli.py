@@ -1,0 +1,231 @@
+"""The `coevo` command line. Each command is a few lines calling the library; its docstring is
+its help. Errors a user can act on (coevo.errors.CoevoError) print as one line and exit 1."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from coevo.errors import CoevoError
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__.split("\n")[0])
+harness_app = typer.Typer(no_args_is_help=True, help="Harness versions: list, show, diff, export.")
+skills_app = typer.Typer(no_args_is_help=True, help="Skill versions: list, show.")
+rubrics_app = typer.Typer(no_args_is_help=True, help="Rubric versions: list, show.")
+db_app = typer.Typer(no_args_is_help=True, help="The store's schema: upgrade, current.")
+app.add_typer(harness_app, name="harness")
+app.add_typer(skills_app, name="skills")
+app.add_typer(rubrics_app, name="rubrics")
+app.add_typer(db_app, name="db")
+
+console = Console()
+err = Console(stderr=True)
+
+DbOption = typer.Option(None, "--db", help="Store URL or SQLite path (default: $COEVO_DB or ./coevo.db).")
+
+
+def _cli(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn CoevoError (bad input, unknown reference) into a one-line message and exit code 1."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except CoevoError as e:
+            err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+            raise typer.Exit(1) from None
+
+    return wrapper
+
+
+def _store(db: Optional[str]):
+    from coevo.store import Store
+
+    return Store.open(db)
+
+
+def seed_root(assets: Optional[Path]) -> Path:
+    """Where seed assets live: --assets, else the current folder when it has harnesses/, else
+    the source checkout this package was installed from (an editable install)."""
+    if assets is not None:
+        return assets
+    here = Path.cwd()
+    if (here / "harnesses").is_dir():
+        return here
+    checkout = Path(__file__).resolve().parent.parent
+    if (checkout / "harnesses").is_dir():
+        return checkout
+    raise CoevoError("no seed assets found: run in a folder with harnesses/ skills/ rubrics/ or pass --assets")
+
+
+def _short(h: Optional[str]) -> str:
+    return h[:12] if h else "-"
+
+
+# ---------------------------------------------------------------------------------------------
+# Store and seed assets
+
+
+@app.command()
+@_cli
+def init(
+    assets: Optional[Path] = typer.Option(None, "--assets", help="Folder holding harnesses/ skills/ rubrics/."),
+    db: Optional[str] = DbOption,
+) -> None:
+    """Create or upgrade the store and import the seed assets (all or nothing)."""
+    from coevo.assets import load_seed_dir
+
+    root = seed_root(assets)
+    found = load_seed_dir(root)  # every file validated before anything is written
+    store = _store(db)
+    known = {r.hash for r in store.list_assets()}
+    with store.transaction():
+        hashes = [store.put_asset(a) for a in found]
+    table = Table(title=f"seed assets from {root}")
+    for col in ("kind", "name", "version", "status"):
+        table.add_column(col)
+    for a, h in zip(found, hashes):
+        table.add_row(a.kind, a.name, _short(h), "exists" if h in known else "new")
+    console.print(table)
+    console.print(f"store: {store.url} (schema {store.current_revision()})")
+
+
+@db_app.command("upgrade")
+@_cli
+def db_upgrade(db: Optional[str] = DbOption) -> None:
+    """Apply every pending migration."""
+    from coevo.store import Store
+
+    store = Store.open(db, migrate=False)
+    before = store.current_revision()
+    store.upgrade()
+    console.print(f"{store.url}: {before or '(blank)'} -> {store.current_revision()}")
+
+
+@db_app.command("current")
+@_cli
+def db_current(db: Optional[str] = DbOption) -> None:
+    """Print the store's schema revision and the newest one this coevo knows."""
+    from coevo.store import Store
+
+    store = Store.open(db, migrate=False)
+    console.print(f"current: {store.current_revision() or '(blank)'}  head: {store.head_revision()}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Versions: list / show / diff / export. A reference is a name (latest version), a full hash
+# or a unique hash prefix.
+
+
+def _list(kind: str, db: Optional[str]) -> None:
+    store = _store(db)
+    rows = store.list_assets(kind)
+    table = Table(title=f"{kind} versions")
+    for col in ("name", "version", "parent", "created"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r.name, _short(r.hash), _short(r.parent), r.created_at.strftime("%Y-%m-%d %H:%M:%S"))
+    console.print(table)
+
+
+def _show(kind: str, ref: str, db: Optional[str]) -> None:
+    from coevo.assets import format_asset
+
+    store = _store(db)
+    rec = store.resolve(kind, ref)
+    asset = store.get_asset(kind, rec.hash)
+    console.print(f"# {kind} {rec.name} {rec.hash} (parent {_short(rec.parent)})", highlight=False, soft_wrap=True)
+    # Plain print: rich markup would eat brackets inside prompts and schemas.
+    sys.stdout.write(format_asset(asset))
+    sys.stdout.flush()
+
+
+@harness_app.command("list")
+@_cli
+def harness_list(db: Optional[str] = DbOption) -> None:
+    """List stored harness versions."""
+    _list("harness", db)
+
+
+@harness_app.command("show")
+@_cli
+def harness_show(ref: str, db: Optional[str] = DbOption) -> None:
+    """Print a harness version as its YAML file."""
+    _show("harness", ref, db)
+
+
+@harness_app.command("diff")
+@_cli
+def harness_diff(a: str, b: str, db: Optional[str] = DbOption) -> None:
+    """Field-level unified diff between two harness versions."""
+    from coevo.assets import format_diff
+
+    store = _store(db)
+    sys.stdout.write(format_diff(store.get_asset("harness", a), store.get_asset("harness", b)))
+
+
+@harness_app.command("export")
+@_cli
+def harness_export(
+    ref: str,
+    out: Optional[Path] = typer.Option(None, "--out", help="File to write (default: stdout)."),
+    db: Optional[str] = DbOption,
+) -> None:
+    """Write a harness version back to an editable YAML file."""
+    from coevo.assets import dump_asset, format_asset
+
+    asset = _store(db).get_asset("harness", ref)
+    if out is None:
+        sys.stdout.write(format_asset(asset))
+    else:
+        console.print(f"wrote {dump_asset(asset, out)}")
+
+
+@skills_app.command("list")
+@_cli
+def skills_list(db: Optional[str] = DbOption) -> None:
+    """List stored skill versions."""
+    _list("skill", db)
+
+
+@skills_app.command("show")
+@_cli
+def skills_show(ref: str, db: Optional[str] = DbOption) -> None:
+    """Print a skill version as its SKILL.md."""
+    _show("skill", ref, db)
+
+
+@rubrics_app.command("list")
+@_cli
+def rubrics_list(db: Optional[str] = DbOption) -> None:
+    """List stored rubric versions."""
+    _list("rubric", db)
+
+
+@rubrics_app.command("show")
+@_cli
+def rubrics_show(ref: str, db: Optional[str] = DbOption) -> None:
+    """Print a rubric version as its YAML file."""
+    _show("rubric", ref, db)
+
+
+# ---------------------------------------------------------------------------------------------
+# The main job
+
+
+@app.command()
+@_cli
+def quickstart(db: Optional[str] = DbOption) -> None:
+    """Initialise the store and run the main job on the embedded default model."""
+    init(assets=None, db=db)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

@@ -1,0 +1,94 @@
+"""The CLI through typer's runner: init imports seeds, versions resolve by name / hash / prefix,
+bad input exits non-zero with a one-line error and writes nothing."""
+
+from __future__ import annotations
+
+import shutil
+
+from typer.testing import CliRunner
+
+from coevo.assets import Harness, load_asset
+from coevo.cli import app
+from coevo.store import Store
+from conftest import REPO
+
+runner = CliRunner()
+
+
+def _seed_copy(tmp_path):
+    root = tmp_path / "seed"
+    for d in ("harnesses", "skills", "rubrics"):
+        shutil.copytree(REPO / d, root / d)
+    return root
+
+
+def test_init_imports_every_seed_asset_once(tmp_path):
+    db = f"sqlite:///{tmp_path / 'c.db'}"
+    r = runner.invoke(app, ["init", "--assets", str(REPO), "--db", db])
+    assert r.exit_code == 0, r.output
+    store = Store.open(db)
+    kinds = sorted({a.kind for a in store.list_assets()})
+    assert kinds == ["harness", "rubric", "skill", "skill_library"]
+    n = len(store.list_assets())
+    # Importing again stores nothing new: versions are unique by content.
+    r = runner.invoke(app, ["init", "--assets", str(REPO), "--db", db])
+    assert r.exit_code == 0 and "new" not in r.output.split("status")[-1]
+    assert len(store.list_assets()) == n
+
+
+def test_show_diff_export_by_name_hash_and_prefix(tmp_path):
+    db = f"sqlite:///{tmp_path / 'c.db'}"
+    assert runner.invoke(app, ["init", "--assets", str(REPO), "--db", db]).exit_code == 0
+    store = Store.open(db)
+    base = store.get_asset("harness", "function_calling")
+    child = base.child(system_prompt=base.system_prompt + "\nAlways answer with one call.")
+    store.put_asset(child)
+
+    # The name resolves to the latest version; a prefix resolves uniquely.
+    shown = runner.invoke(app, ["harness", "show", "function_calling", "--db", db])
+    assert shown.exit_code == 0 and child.hash in shown.output
+    shown = runner.invoke(app, ["harness", "show", base.hash[:10], "--db", db])
+    assert shown.exit_code == 0 and base.hash in shown.output
+
+    d = runner.invoke(app, ["harness", "diff", base.hash, child.hash, "--db", db])
+    assert d.exit_code == 0
+    assert "+Always answer with one call." in d.output
+    assert "system_prompt" in d.output and "demos" not in d.output
+
+    out = tmp_path / "exported" / "harnesses" / "x.yaml"
+    e = runner.invoke(app, ["harness", "export", child.hash[:8], "--out", str(out), "--db", db])
+    assert e.exit_code == 0, e.output
+    back = load_asset(out)
+    assert isinstance(back, Harness) and back.hash == child.hash
+
+    listed = runner.invoke(app, ["harness", "list", "--db", db])
+    assert child.hash[:12] in listed.output and base.hash[:12] in listed.output
+
+
+def test_unknown_reference_is_one_line_error(tmp_path):
+    db = f"sqlite:///{tmp_path / 'c.db'}"
+    runner.invoke(app, ["init", "--assets", str(REPO), "--db", db])
+    r = runner.invoke(app, ["rubrics", "show", "no-such-rubric", "--db", db])
+    assert r.exit_code == 1
+    assert "no-such-rubric" in r.output and "Traceback" not in r.output
+
+
+def test_bad_seed_file_names_file_and_field_and_stores_nothing(tmp_path):
+    root = _seed_copy(tmp_path)
+    bad = root / "harnesses" / "function_calling.yaml"
+    bad.write_text(bad.read_text().replace("tool_format:", "tool_fromat:"))
+    db = f"sqlite:///{tmp_path / 'c.db'}"
+    r = runner.invoke(app, ["init", "--assets", str(root), "--db", db])
+    assert r.exit_code == 1
+    assert "function_calling.yaml" in r.output and "tool_fromat" in r.output
+    assert Store.open(db).list_assets() == []
+
+
+def test_skills_and_db_commands(tmp_path):
+    db = f"sqlite:///{tmp_path / 'c.db'}"
+    runner.invoke(app, ["init", "--assets", str(REPO), "--db", db])
+    r = runner.invoke(app, ["skills", "show", "function-call-format", "--db", db])
+    assert r.exit_code == 0 and "name: function-call-format" in r.output
+    r = runner.invoke(app, ["db", "current", "--db", db])
+    store = Store.open(db)
+    assert r.exit_code == 0 and f"current: {store.head_revision()}" in r.output
