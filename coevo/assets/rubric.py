@@ -1,0 +1,182 @@
+"""Rubrics: weighted criteria that give partial credit next to the verified outcome.
+
+The reward the runtime computes (coevo/rewards.py) is
+
+    reward = outcome_weight * outcome + sum_i(w_i * c_i) / sum_i(w_i)
+
+where `outcome` is the environment verifier's score and `c_i` in [0, 1] is criterion i's score.
+A criterion that cannot be scored (an LLM judge that failed) is missing data and drops out of
+both sums, never a zero.
+
+Criterion kinds (a discriminated union on `kind`, each with its own validated `params`):
+- outcome: the verifier's outcome, or one of its partial-credit `details` (e.g. BFCL's).
+- regex: a pattern searched in the extracted answer or the full final text.
+- json_schema: the answer parsed as JSON validates against a schema.
+- tool_called: properties of the final turn's tool calls. With no constraints it pays for any
+  call that decodes; `name_in_offered` pays only when every called name is one of the task's
+  offered functions, the guard FACTS.md motivates (a "decodes" reward was hacked by copying the
+  worked example's call verbatim).
+- python: a "pkg.module:func" callable, checked for syntax here and resolved at reward time,
+  so a rubric can name a function from a package that is not importable where it is edited.
+- llm_judge: a question put to a model, answered on a 0..scale scale.
+
+Weights are data a proposer may revise, but the gate compares candidates on the verified
+outcome, so a rubric that pays for unverified progress cannot win by itself.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
+
+from coevo.assets.base import Asset, Text
+from coevo.assets.harness import ASSET_NAME, check_json_schema
+from coevo.assets.io import PATTERN_HINTS
+
+CRITERION_ID = r"^[a-z0-9]+(?:[_-][a-z0-9]+)*$"
+CALLABLE_REF = r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*$"
+PATTERN_HINTS[CRITERION_ID] = "a lowercase slug (letters, digits, single - or _)"
+PATTERN_HINTS[CALLABLE_REF] = "'package.module:function'"
+
+
+class _Params(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class OutcomeParams(_Params):
+    # None: the verifier's outcome; a name: that key of the environment's Score.details.
+    detail: str | None = Field(None, min_length=1, max_length=64)
+
+
+class RegexParams(_Params):
+    pattern: str = Field(min_length=1, max_length=1000)
+    target: Literal["answer", "text"] = "answer"  # extracted answer, or the whole final text
+    must_match: bool = True  # False: pays when the pattern is absent (e.g. no refusal phrase)
+    ignore_case: bool = False
+
+    @field_validator("pattern")
+    @classmethod
+    def _compiles(cls, v: str) -> str:
+        try:
+            re.compile(v)
+        except re.error as e:
+            raise ValueError(f"does not compile: {e}") from None
+        return v
+
+
+class JsonSchemaParams(_Params):
+    json_schema: dict[str, JsonValue]
+    target: Literal["answer", "text"] = "answer"
+
+    @field_validator("json_schema")
+    @classmethod
+    def _valid(cls, v: dict[str, Any]) -> dict[str, Any]:
+        check_json_schema(v)
+        return v
+
+
+class ToolCalledParams(_Params):
+    name_in_offered: bool = False  # every called name is one of the task's offered functions
+    name: str | None = Field(None, min_length=1, max_length=64)  # a call to exactly this name
+    required_args: bool = False  # the called function's required parameters are all given
+    args_match: bool = False  # argument values match (the environment's score details decide)
+
+
+class PythonParams(_Params):
+    callable: str = Field(pattern=CALLABLE_REF, max_length=200)
+    kwargs: dict[str, JsonValue] = Field(default_factory=dict)
+
+
+class LlmJudgeParams(_Params):
+    question: Text = Field(min_length=1, max_length=4000)
+    scale: int = Field(5, ge=1, le=100)  # the judge answers 0..scale; the score is n / scale
+
+
+class _CriterionBase(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    id: str = Field(min_length=1, max_length=64, pattern=CRITERION_ID)
+    description: Text = ""
+    weight: float = Field(1.0, ge=0.0, le=100.0)
+
+
+class OutcomeCriterion(_CriterionBase):
+    kind: Literal["outcome"]
+    params: OutcomeParams = Field(default_factory=OutcomeParams)
+
+
+class RegexCriterion(_CriterionBase):
+    kind: Literal["regex"]
+    params: RegexParams
+
+
+class JsonSchemaCriterion(_CriterionBase):
+    kind: Literal["json_schema"]
+    params: JsonSchemaParams
+
+
+class ToolCalledCriterion(_CriterionBase):
+    kind: Literal["tool_called"]
+    params: ToolCalledParams = Field(default_factory=ToolCalledParams)
+
+
+class PythonCriterion(_CriterionBase):
+    kind: Literal["python"]
+    params: PythonParams
+
+
+class LlmJudgeCriterion(_CriterionBase):
+    kind: Literal["llm_judge"]
+    params: LlmJudgeParams
+
+
+Criterion = Annotated[
+    Union[
+        OutcomeCriterion,
+        RegexCriterion,
+        JsonSchemaCriterion,
+        ToolCalledCriterion,
+        PythonCriterion,
+        LlmJudgeCriterion,
+    ],
+    Field(discriminator="kind"),
+]
+CRITERION_KINDS = ("outcome", "regex", "json_schema", "tool_called", "python", "llm_judge")
+
+
+class Rubric(Asset):
+    kind = "rubric"
+    editable_fields = frozenset({"description", "outcome_weight", "criteria"})
+
+    name: str = Field(min_length=1, max_length=64, pattern=ASSET_NAME)
+    description: Text = ""
+    outcome_weight: float = Field(1.0, ge=0.0, le=100.0)
+    criteria: list[Criterion] = Field(default_factory=list, max_length=32)
+
+    @field_validator("criteria")
+    @classmethod
+    def _criteria(cls, v: list[Any]) -> list[Any]:
+        ids = [c.id for c in v]
+        dup = sorted({i for i in ids if ids.count(i) > 1})
+        if dup:
+            raise ValueError(f"id {dup[0]!r} is used twice")
+        if v and sum(c.weight for c in v) <= 0:  # sum(w_i) is the reward's denominator
+            raise ValueError("the weights sum to 0; give at least one a positive weight")
+        return v
+
+    @model_validator(mode="after")
+    def _nonzero(self) -> "Rubric":
+        if not self.criteria and self.outcome_weight <= 0:
+            raise ValueError("outcome_weight is 0 and there are no criteria: the reward is always 0")
+        return self
+
+    def criterion(self, id: str) -> Any:
+        for c in self.criteria:
+            if c.id == id:
+                return c
+        raise KeyError(f"rubric {self.name!r} has no criterion {id!r}; ids: {', '.join(c.id for c in self.criteria)}")
+
+    @property
+    def ids(self) -> list[str]:
+        return [c.id for c in self.criteria]
