@@ -10,10 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
+from coevo.errors import CoevoError
+
 T = TypeVar("T")
 
 
-class UnknownName(KeyError):
+class UnknownName(CoevoError, KeyError):
     def __str__(self) -> str:  # KeyError quotes its message; keep it readable
         return str(self.args[0])
 
