@@ -20,10 +20,14 @@ harness_app = typer.Typer(no_args_is_help=True, help="Harness versions: list, sh
 skills_app = typer.Typer(no_args_is_help=True, help="Skill versions: list, show.")
 rubrics_app = typer.Typer(no_args_is_help=True, help="Rubric versions: list, show.")
 db_app = typer.Typer(no_args_is_help=True, help="The store's schema: upgrade, current.")
+runs_app = typer.Typer(no_args_is_help=True, help="Co-evolution runs: list, show.")
+proposals_app = typer.Typer(no_args_is_help=True, help="Proposals and their gate decisions: list, show.")
 app.add_typer(harness_app, name="harness")
 app.add_typer(skills_app, name="skills")
 app.add_typer(rubrics_app, name="rubrics")
 app.add_typer(db_app, name="db")
+app.add_typer(runs_app, name="runs")
+app.add_typer(proposals_app, name="proposals")
 
 console = Console()
 err = Console(stderr=True)
@@ -214,6 +218,81 @@ def rubrics_list(db: Optional[str] = DbOption) -> None:
 def rubrics_show(ref: str, db: Optional[str] = DbOption) -> None:
     """Print a rubric version as its YAML file."""
     _show("rubric", ref, db)
+
+
+# ---------------------------------------------------------------------------------------------
+# Audit: what was proposed, what the gate decided and why.
+
+
+@runs_app.command("list")
+@_cli
+def runs_list(db: Optional[str] = DbOption) -> None:
+    """List runs with their rounds, acceptances and last validation score."""
+    from coevo.audit import runs_table
+
+    console.print(runs_table(_store(db)))
+
+
+@runs_app.command("show")
+@_cli
+def runs_show(run: str, db: Optional[str] = DbOption) -> None:
+    """Rounds (val and test scores, incumbent versions), budgets and checkpoints of a run."""
+    from coevo.audit import run_view
+
+    console.print(run_view(_store(db), run))
+
+
+@proposals_app.command("list")
+@_cli
+def proposals_list(
+    run: Optional[str] = typer.Option(None, "--run", help="Only this run (id or name)."),
+    status: Optional[str] = typer.Option(None, "--status", help="accepted | rejected | invalid | pending"),
+    db: Optional[str] = DbOption,
+) -> None:
+    """List proposals with the gate's reason for each decision."""
+    from coevo.audit import proposals_table
+
+    console.print(proposals_table(_store(db), run=run, status=status))
+
+
+@proposals_app.command("show")
+@_cli
+def proposals_show(
+    id: str,
+    prompt: bool = typer.Option(False, "--prompt", help="Also print the proposer's prompt and raw output."),
+    db: Optional[str] = DbOption,
+) -> None:
+    """A proposal: diff against its parent, rationale, per-task evidence, statistics, reason."""
+    from coevo.audit import find_proposal, proposal_view
+
+    store = _store(db)
+    console.print(proposal_view(store, find_proposal(store, id).id, show_prompt=prompt))
+
+
+@app.command()
+@_cli
+def lineage(
+    version: str,
+    kind: Optional[str] = typer.Option(None, "--kind", help="harness | skill | skill_library | rubric"),
+    db: Optional[str] = DbOption,
+) -> None:
+    """Tree of a version's ancestors and descendants, with the status of each proposal."""
+    from coevo.audit import lineage_tree
+
+    console.print(lineage_tree(_store(db), version, kind=kind))
+
+
+@app.command()
+@_cli
+def report(
+    run: str,
+    out: Path = typer.Option(Path("report.html"), "--out", "-o", help="HTML file to write."),
+    db: Optional[str] = DbOption,
+) -> None:
+    """Write a self-contained HTML report of a run (plots and the proposals table)."""
+    from coevo.report import write_report
+
+    console.print(f"wrote {write_report(_store(db), run, out)}")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -92,3 +92,23 @@ def test_skills_and_db_commands(tmp_path):
     r = runner.invoke(app, ["db", "current", "--db", db])
     store = Store.open(db)
     assert r.exit_code == 0 and f"current: {store.head_revision()}" in r.output
+
+
+def test_audit_commands_show_reasons_lineage_and_report(tmp_path):
+    from test_audit import populate
+
+    db = f"sqlite:///{tmp_path / 'a.db'}"
+    store = Store.open(db)
+    sc = populate(store)
+    r = runner.invoke(app, ["runs", "list", "--db", db])
+    assert r.exit_code == 0 and "exp1" in r.output
+    r = runner.invoke(app, ["proposals", "list", "--run", "exp1", "--status", "rejected", "--db", db])
+    assert r.exit_code == 0 and "rejected" in r.output and "accepted" not in r.output
+    pid = store.proposals(status="accepted")[0].id
+    r = runner.invoke(app, ["proposals", "show", pid[:8], "--db", db])
+    assert r.exit_code == 0 and "careful" in r.output  # the diff line of the accepted prompt
+    r = runner.invoke(app, ["lineage", sc.h[1].hash[:10], "--db", db])
+    assert r.exit_code == 0 and "this version" in r.output
+    out = tmp_path / "r.html"
+    r = runner.invoke(app, ["report", "exp1", "--out", str(out), "--db", db])
+    assert r.exit_code == 0 and out.exists() and "<svg" in out.read_text()
