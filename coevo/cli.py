@@ -35,6 +35,17 @@ err = Console(stderr=True)
 DbOption = typer.Option(None, "--db", help="Store URL or SQLite path (default: $COEVO_DB or ./coevo.db).")
 
 
+@app.callback()
+def _main() -> None:
+    # Offline by design: no hub id is ever contacted; litellm (via dspy) must not fetch its
+    # cost map either. Set before any of those libraries is imported.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
 def _cli(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Turn CoevoError (bad input, unknown reference) into a one-line message and exit code 1."""
 
@@ -218,6 +229,78 @@ def rubrics_list(db: Optional[str] = DbOption) -> None:
 def rubrics_show(ref: str, db: Optional[str] = DbOption) -> None:
     """Print a rubric version as its YAML file."""
     _show("rubric", ref, db)
+
+
+# ---------------------------------------------------------------------------------------------
+# Running agents
+
+
+def load_agent_assets(store, harness: str, rubric: Optional[str], skills: Optional[str]):
+    """AgentAssets from stored versions. The rubric defaults to the one named like the
+    harness (seed pairs share names); the skill library to `seed` when it exists."""
+    from coevo.errors import NotFound
+    from coevo.executors import AgentAssets
+
+    h = store.get_asset("harness", harness)
+    r = None
+    try:
+        r = store.get_asset("rubric", rubric or h.name)
+    except NotFound:
+        if rubric:
+            raise
+    lib, members = None, []
+    try:
+        lib = store.get_asset("skill_library", skills or "seed")
+        members = [store.get_asset("skill", m) for m in store.library_members(lib.hash)]
+    except NotFound:
+        if skills:
+            raise
+    return AgentAssets(harness=h, rubric=r, library=lib, skills=members)
+
+
+@app.command("eval")
+@_cli
+def eval_cmd(
+    harness: str = typer.Option(..., "--harness", help="Harness name, hash or hash prefix."),
+    env: str = typer.Option(..., "--env", help="e.g. bfcl:simple_python, rg:basic_arithmetic"),
+    split: str = typer.Option("val", "--split", help="train | val | test"),
+    n: Optional[int] = typer.Option(None, "--n", help="Number of tasks (default: the whole split)."),
+    samples: int = typer.Option(1, "--samples", help="Episodes per task."),
+    model: str = typer.Option("embedded", "--model", help="embedded | hf:PATH | openai:URL | llamacpp:PATH | vllm:PATH"),
+    checkpoint: Optional[str] = typer.Option(None, "--checkpoint", help="Stored checkpoint id (LoRA adapter)."),
+    rubric: Optional[str] = typer.Option(None, "--rubric", help="Rubric version (default: named like the harness)."),
+    skills: Optional[str] = typer.Option(None, "--skills", help="Skill library version (default: seed)."),
+    seed: int = typer.Option(0, "--seed"),
+    executor: str = typer.Option("local", "--executor", help="local | ray"),
+    db: Optional[str] = DbOption,
+) -> None:
+    """Evaluate fixed assets (+ checkpoint) on a split; store every trajectory and result."""
+    from coevo.evaluate import evaluate
+    from coevo.executors import make_executor
+    from coevo.models.registry import load_backend
+
+    store = _store(db)
+    assets = load_agent_assets(store, harness, rubric, skills)
+    with console.status(f"loading {model}"):
+        backend = load_backend(model) if executor == "local" else None
+    ex = make_executor(executor, backend=model) if executor != "local" else None
+    with console.status(f"running {env} {split}"):
+        result = evaluate(store, env, assets, backend, split=split, n=n, samples=samples,
+                          seed=seed, checkpoint=checkpoint, executor=ex)
+    console.print(eval_table(result))
+
+
+def eval_table(result) -> Table:
+    t = Table(title=f"{result.env} {result.split} (evaluation {_short(result.evaluation)})")
+    for col in ("mean [95% CI]", "success", "reward", "turns", "tokens", "seconds", "infra fail"):
+        t.add_column(col)
+    f = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
+    ci = f"{f(result.mean)} [{f(result.ci_low)}, {f(result.ci_high)}]"
+    t.add_row(ci, f(result.success_rate), f(result.reward_mean), f(result.mean_turns),
+              str(result.tokens_total), f"{result.seconds:.1f}", str(result.n_infra_failures))
+    if result.criteria:
+        t.caption = "partial credit: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(result.criteria.items()))
+    return t
 
 
 # ---------------------------------------------------------------------------------------------
