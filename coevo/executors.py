@@ -1,0 +1,404 @@
+"""Executors: where a batch of episodes runs (in this process, or on Ray actors).
+
+An `EpisodeJob` is everything a batch of episodes needs that can travel: the environment (a
+spec string, built where the job runs, or a picklable Environment object), the tasks, the
+asset versions (`AgentAssets`), samples per task, the base seed, the checkpoint id recorded on
+the trajectories and, optionally, the LoRA adapter folder the backend must have loaded. An
+`Executor` runs a job and returns its trajectories in (task, sample) order.
+
+- `LocalExecutor(backend)`: `run_episodes` in-process on a backend you already hold (the RL
+  stage's live policy, a scripted backend in tests).
+- `RayExecutor(BackendSpec)`: N actors, each building its own backend from a picklable spec
+  (`load_backend` spec string + options), so nothing large crosses the wire. Tasks are cut into
+  contiguous shards (a task's G samples stay on one actor, so a GRPO group still shares one
+  prompt prefill), run concurrently, and concatenated back in task order.
+
+Why results do not depend on the executor: every sample's seed is `sample_seed(base, task id,
+sample index)` and the HF backend draws each sample from its own generator, so the shard a task
+lands on changes nothing but float rounding from the batch shape (see coevo/models/hf.py).
+
+Departure from the brief's `ray.init(address=os.environ.get("RAY_ADDRESS"))`: without
+RAY_ADDRESS we pass address="local", which always starts a private local instance, because
+`ray.init()` with no address may attach to whatever cluster another user on the machine last
+started (it reads /tmp/ray/ray_current_cluster).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from coevo.assets.harness import Harness
+from coevo.assets.rubric import Rubric
+from coevo.assets.skill import Skill, SkillLibrary
+from coevo.envs.base import Environment, Task
+from coevo.errors import CoevoError, NotFound
+from coevo.models.base import Backend
+from coevo.registry import Registry
+from coevo.trajectory import Trajectory
+
+log = logging.getLogger("coevo.executors")
+
+
+# --- what a job carries ------------------------------------------------------------------------
+
+
+class AgentAssets(BaseModel):
+    """The asset versions an agent runs with: harness, skill library (+ its member skills), rubric.
+
+    A library without its member Skill objects cannot be rendered, and skills without a library
+    would be recorded under a library hash the store never saw, so: given skills and no library,
+    the library is `SkillLibrary.from_skills("adhoc", skills)` (what the runtime would hash);
+    given a library, every active member must be among `skills` (checked here, once).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    harness: Harness
+    rubric: Rubric | None = None
+    library: SkillLibrary | None = None
+    skills: list[Skill] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _library_matches(self) -> "AgentAssets":
+        if self.library is None:
+            if self.skills:
+                object.__setattr__(self, "library", SkillLibrary.from_skills("adhoc", self.skills))
+            return self
+        try:
+            self.library.resolve(self.skills)
+        except NotFound as exc:
+            raise ValueError(f"skills: {exc}") from None
+        return self
+
+    def hashes(self) -> dict[str, str | None]:
+        """{harness, skill_library, rubric}: the content hashes trajectories record."""
+        return {"harness": self.harness.hash,
+                "skill_library": self.library.hash if self.library is not None else None,
+                "rubric": self.rubric.hash if self.rubric is not None else None}
+
+    def put(self, store: Any) -> dict[str, str | None]:
+        """Store every version (skills before the library that lists them); returns `hashes()`.
+        Idempotent, so callers do it before every write that references these hashes."""
+        with store.transaction():
+            store.put_asset(self.harness)
+            for skill in self.skills:
+                store.put_asset(skill)
+            if self.library is not None:
+                store.put_asset(self.library)
+            if self.rubric is not None:
+                store.put_asset(self.rubric)
+        return self.hashes()
+
+
+class EpisodeJob(BaseModel):
+    """One batch of episodes: `samples` episodes of every task, seeded from `seed`."""
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+    env: Any  # a make_env spec string (built where the job runs) or an Environment object
+    tasks: list[Task]
+    assets: AgentAssets
+    samples: int = Field(1, ge=1)
+    seed: int = 0  # sample i of task t is seeded sample_seed(seed, t.id, i)
+    split: str = "train"
+    checkpoint: str | None = None  # store checkpoint id, recorded on every trajectory
+    adapter: str | None = None  # LoRA folder the backend must have loaded; None: leave it as is
+    tool_timeout: float = Field(5.0, gt=0.0)
+    max_concurrency: int | None = Field(None, ge=1)
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: Any) -> Any:
+        if isinstance(v, str) or isinstance(v, Environment):
+            return v
+        raise ValueError(f"expected an environment spec string or an Environment, got "
+                         f"{type(v).__name__} (see coevo.envs.base.Environment)")
+
+    @property
+    def episodes(self) -> int:
+        return len(self.tasks) * self.samples
+
+
+_ENVS: dict[str, Environment] = {}
+
+
+def resolve_env(env: str | Environment) -> Environment:
+    """The Environment a job names; spec strings are built once per process and reused
+    (environments keep per-episode state in what `start` returns, not in themselves)."""
+    if not isinstance(env, str):
+        return env
+    if env not in _ENVS:
+        from coevo.envs.registry import make_env
+
+        _ENVS[env] = make_env(env)
+    return _ENVS[env]
+
+
+def _ensure_adapter(backend: Any, adapter: str | None) -> None:
+    if adapter is None or getattr(backend, "adapter", None) == str(adapter):
+        return
+    load = getattr(backend, "load_adapter", None)
+    if load is None:
+        raise CoevoError(f"backend {getattr(backend, 'name', '?')!r} cannot load the LoRA "
+                         f"adapter {adapter} (no load_adapter); use an hf or embedded backend")
+    load(adapter)
+
+
+def run_job(job: EpisodeJob, backend: Backend) -> list[Trajectory]:
+    """Run a job on `backend` in this process (what every executor does in the end)."""
+    from coevo.agent.episode import run_episodes_sync
+
+    env = resolve_env(job.env)
+    _ensure_adapter(backend, job.adapter)
+    a = job.assets
+    return run_episodes_sync(
+        env, job.tasks, a.harness, a.skills, a.rubric, backend, samples=job.samples,
+        seeds=job.seed, checkpoint=job.checkpoint, split=job.split, library=a.library,
+        tool_timeout=job.tool_timeout, max_concurrency=job.max_concurrency)
+
+
+def failed_trajectories(job: EpisodeJob, error: str, env_name: str = "") -> list[Trajectory]:
+    """Placeholders for episodes lost with their worker: infra_error, missing data (never 0)."""
+    from coevo.agent.episode import sample_seed
+
+    h = job.assets.hashes()
+    name = env_name or (job.env if isinstance(job.env, str) else getattr(job.env, "name", ""))
+    return [Trajectory(env=name, task_id=t.id, split=job.split, sample_index=i,
+                       seed=sample_seed(job.seed, t.id, i), status="infra_error", error=error,
+                       trainable=False, checkpoint=job.checkpoint, **h)
+            for t in job.tasks for i in range(job.samples)]
+
+
+# --- the contract ------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """Contract:
+    - `run(job)` returns exactly `job.episodes` trajectories, in (task, sample) order.
+    - The same job on the same weights gives the same trajectories (token ids, masks, rewards)
+      whichever executor runs it and however it shards the tasks; ids and timings differ.
+    - An episode's infrastructure failure is a trajectory with status "infra_error" (missing
+      data), never an exception; a job that cannot start at all (unknown environment, a backend
+      that cannot be built) raises `coevo.errors.CoevoError` with a one-line reason.
+    - `close()` releases workers; it is idempotent. Executors are context managers.
+    """
+
+    name: str
+
+    def run(self, job: EpisodeJob) -> list[Trajectory]: ...
+
+    def close(self) -> None: ...
+
+
+class _Closing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:  # pragma: no cover - overridden
+        pass
+
+
+class LocalExecutor(_Closing):
+    """Runs jobs in this process on `backend` (which may be the trainer's live policy)."""
+
+    name = "local"
+
+    def __init__(self, backend: Backend):
+        if backend is None:
+            raise CoevoError("local executor: needs a backend")
+        self.backend = backend
+
+    def run(self, job: EpisodeJob) -> list[Trajectory]:
+        return run_job(job, self.backend)
+
+
+# --- Ray ---------------------------------------------------------------------------------------
+
+
+class BackendSpec(BaseModel):
+    """A backend that can be rebuilt anywhere: a `load_backend` spec ("embedded", "hf:PATH",
+    "openai:URL", ...) and its constructor options (adapter=, device=, dtype=, ...)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    spec: str
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    def build(self) -> Backend:
+        from coevo.models.registry import load_backend
+
+        return load_backend(self.spec, **self.options)
+
+
+class _EpisodeWorker:
+    """A Ray actor: one backend, built once, running the shards it is sent."""
+
+    def __init__(self, backend: BackendSpec, threads: int | None):
+        if threads:
+            import torch
+
+            # Several actors on one machine oversubscribe the cores otherwise.
+            torch.set_num_threads(threads)
+        self.backend = backend.build()
+
+    def ready(self) -> str:
+        return getattr(self.backend, "name", "")
+
+    def run(self, job: EpisodeJob) -> list[Trajectory]:
+        return run_job(job, self.backend)
+
+
+def _shards(n: int, parts: int) -> list[tuple[int, int]]:
+    """Contiguous [start, end) ranges of near-equal size covering range(n), none empty.
+
+    >>> _shards(5, 2)
+    [(0, 3), (3, 5)]
+    """
+    parts = max(1, min(parts, n))
+    base, extra = divmod(n, parts)
+    out, start = [], 0
+    for k in range(parts):
+        end = start + base + (1 if k < extra else 0)
+        out.append((start, end))
+        start = end
+    return out
+
+
+def _ray_cause(exc: BaseException) -> BaseException:
+    return getattr(exc, "cause", None) or exc
+
+
+def _one_line(exc: BaseException) -> str:
+    """A Ray error's own reason: the cause's message, else the traceback's last line (Ray
+    wraps creation-task errors in a multi-line ActorDiedError text)."""
+    import ray
+
+    cause = _ray_cause(exc)
+    if cause is not exc and not isinstance(cause, ray.exceptions.RayError):
+        return f"{type(cause).__name__}: {cause}".splitlines()[-1]
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return lines[-1] if lines else type(exc).__name__
+
+
+class RayExecutor(_Closing):
+    """Runs jobs on `num_actors` Ray actors, each with its own backend built from `backend`.
+
+    Joins the cluster at `address` / $RAY_ADDRESS, or starts a private local one with
+    `num_cpus` CPUs (default: one per actor) and no dashboard. If Ray is already initialised in
+    this process it is used as is, and left running by `close()`.
+    """
+
+    name = "ray"
+
+    def __init__(self, backend: BackendSpec | str, *, num_actors: int = 2,
+                 num_cpus: int | None = None, cpus_per_actor: float = 1.0,
+                 threads_per_actor: int | None = 1, address: str | None = None,
+                 object_store_memory: int | None = None,
+                 runtime_env: dict[str, Any] | None = None, ready_timeout_s: float = 600.0):
+        import ray
+
+        if num_actors < 1:
+            raise CoevoError(f"ray executor: num_actors must be >= 1, got {num_actors}")
+        self.backend = BackendSpec(spec=backend) if isinstance(backend, str) else backend
+        self._started = False
+        if not ray.is_initialized():
+            address = address or os.environ.get("RAY_ADDRESS")
+            kwargs: dict[str, Any] = dict(include_dashboard=False, runtime_env=runtime_env,
+                                          log_to_driver=False)
+            if address:
+                kwargs["address"] = address  # an existing cluster sizes itself
+            else:
+                kwargs.update(address="local", num_cpus=num_cpus or max(1, int(num_actors *
+                                                                              cpus_per_actor)),
+                              object_store_memory=object_store_memory)
+            try:
+                ray.init(**kwargs)
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                raise CoevoError(f"ray executor: cannot start or join Ray "
+                                 f"(address={address or 'local'}): {exc}") from None
+            self._started = True
+        worker = ray.remote(num_cpus=cpus_per_actor)(_EpisodeWorker)
+        self._actors = [worker.remote(self.backend, threads_per_actor) for _ in range(num_actors)]
+        try:
+            # Bounded: an actor the cluster cannot place (no free CPUs) would wait forever.
+            self.models = ray.get([a.ready.remote() for a in self._actors],
+                                  timeout=ready_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            free = ray.available_resources().get("CPU", 0.0)
+            self.close()
+            raise CoevoError(f"ray executor: {num_actors} actors x {cpus_per_actor} CPUs were "
+                             f"not ready within {ready_timeout_s:.0f} s ({free:g} CPUs free in "
+                             "the cluster)") from None
+        except ray.exceptions.RayError as exc:
+            self.close()
+            raise CoevoError(f"ray executor: backend {self.backend.spec!r} could not be built "
+                             f"on a worker: {_one_line(exc)}") from None
+
+    def run(self, job: EpisodeJob) -> list[Trajectory]:
+        import ray
+
+        if not self._actors:
+            raise CoevoError("ray executor: already closed")
+        if not job.tasks:
+            return []
+        ranges = _shards(len(job.tasks), len(self._actors))
+        parts = [job.model_copy(update={"tasks": job.tasks[a:b]}) for a, b in ranges]
+        refs = [actor.run.remote(p) for actor, p in zip(self._actors, parts)]
+        # Wait for every shard before raising, so no result is left unretrieved (Ray logs
+        # those as unhandled errors) and a later job does not race a still-running one.
+        got: list[Any] = []
+        for ref in refs:
+            try:
+                got.append(ray.get(ref))
+            except ray.exceptions.RayError as exc:
+                got.append(exc)
+        out: list[Trajectory] = []
+        for part, res in zip(parts, got):
+            if isinstance(res, ray.exceptions.RayTaskError):
+                cause = _ray_cause(res)
+                if isinstance(cause, CoevoError):
+                    raise type(cause)(*cause.args) from None
+                raise CoevoError(f"ray executor: a worker failed: {_one_line(res)}") from None
+            if isinstance(res, ray.exceptions.RayError):  # the actor died (OOM, killed)
+                log.warning("ray worker lost; %d episodes become infra errors: %s",
+                            part.episodes, res)
+                out.extend(failed_trajectories(part, f"ray worker lost: {_one_line(res)}"))
+                continue
+            out.extend(res)
+        return out
+
+    def close(self) -> None:
+        import ray
+
+        for actor in getattr(self, "_actors", []):
+            try:
+                ray.kill(actor)
+            except Exception:  # already dead: nothing to release
+                pass
+        self._actors = []
+        if self._started and ray.is_initialized():
+            ray.shutdown()
+        self._started = False
+
+
+# --- registry ----------------------------------------------------------------------------------
+
+EXECUTORS: Registry[Any] = Registry("executor")
+EXECUTORS.add("local", LocalExecutor)
+EXECUTORS.add("ray", RayExecutor)
+
+
+def make_executor(name: str, **options: Any) -> Executor:
+    """`make_executor("local", backend=b)` or `make_executor("ray", backend=BackendSpec(...),
+    num_actors=2)`; an unknown name lists the known ones."""
+    return EXECUTORS.get(name)(**options)
+
+
+def executor_names() -> list[str]:
+    return EXECUTORS.names()
+
