@@ -1,0 +1,218 @@
+"""The RL stage on a tiny random Llama (rollouts on the trainer's live model) and a trivially
+learnable environment: parameters change, checkpoints are stored with their sha256 and
+lineage, trajectories carry the asset and checkpoint ids, resume equals an uninterrupted run,
+untrainable rollouts are refused and infrastructure failures are excluded and counted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from coevo.errors import CoevoError
+from coevo.executors import AgentAssets
+from coevo.models.hf import error_completion
+from coevo.models.scripted import ScriptedBackend
+from coevo.rl import TrainConfig, Trainer
+from coevo.rl.lora import file_sha256
+from coevo.rl.stage import StageConfig, UniformSampler, live_policy, rl_stage, trajectory_id
+from coevo.store import Store
+from tiny_glue import FirstCharEnv, load_tiny_model, save_tiny_model, tiny_harness
+
+torch.set_num_threads(1)  # tiny models run slower with more threads on a shared 2-core box
+
+ASSETS = AgentAssets(harness=tiny_harness(decoding={"temperature": 1.0, "max_new_tokens": 4}))
+TRAIN = dict(seed=0, lr=2e-2, lora={"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]})
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return save_tiny_model(tmp_path_factory.mktemp("tiny"))
+
+
+def fresh(tiny_dir):
+    """A new model, tokenizer and trainer, as a new process would build them."""
+    model, tok = load_tiny_model(tiny_dir)
+    return Trainer(model, TrainConfig(**TRAIN), base_model="tiny"), tok
+
+
+def open_run(path: Path, name: str = "r") -> Store:
+    store = Store.open(f"sqlite:///{path}")
+    if name not in [r.name for r in store.runs()]:
+        store.create_run(name)
+        store.start_round(name, 0)
+    return store
+
+
+def params(trainer):
+    return {n: p.detach().clone() for n, p in trainer.named_trainable_parameters()}
+
+
+def test_stage_trains_stores_trajectories_and_checkpoints(tiny_dir, tmp_path):
+    store = open_run(tmp_path / "s.db")
+    trainer, tok = fresh(tiny_dir)
+    before = params(trainer)
+    logs = []
+    cfg = StageConfig(steps=3, tasks_per_step=3, samples=4, checkpoint_every=2, seed=1)
+    res = rl_stage(store, "r", 0, FirstCharEnv(), ASSETS, trainer, cfg, tokenizer=tok,
+                   on_step=logs.append)
+    assert trainer.step_count == 3 and (res.start_step, res.end_step) == (0, 3)
+    after = params(trainer)
+    assert any(not torch.equal(before[n], after[n]) for n in before if "lora_B" in n)
+
+    # checkpoints at steps 2 and 3 (the last step), under COEVO_HOME/runs/<run>/checkpoints
+    c2, c3 = (store.get_checkpoint(i) for i in res.checkpoints)
+    assert (c2.step, c3.step) == (2, 3) and c3.parent == c2.id and c2.parent is None
+    assert res.checkpoint == c3.id and store.latest_checkpoint("r").id == c3.id
+    import os
+    home = Path(os.environ["COEVO_HOME"])
+    for c in (c2, c3):
+        assert Path(c.path) == home / "runs" / "r" / "checkpoints" / f"step-{c.step}"
+        assert c.sha256 == file_sha256(Path(c.path) / "adapter_model.safetensors")
+        assert c.harness == ASSETS.harness.hash and c.base_model == "tiny" and c.round == 0
+    assert c2.sha256 != c3.sha256
+
+    trajs = store.trajectories(run="r", round=0)
+    assert len(trajs) == 3 * 3 * 4 and all(t.split == "train" and t.trainable for t in trajs)
+    assert all(t.harness == ASSETS.harness.hash for t in trajs)
+    steps = [trajs[k * 12:(k + 1) * 12] for k in range(3)]
+    assert [{t.model for t in s} for s in steps] == [{"tiny@step-0"}, {"tiny@step-1"}, {"tiny@step-2"}]
+    # steps 0-1 sampled from the base (no checkpoint yet); step 2 from the policy saved as c2
+    assert [{t.checkpoint for t in s} for s in steps] == [{None}, {None}, {c2.id}]
+    run_id = store.get_run("r").id
+    assert steps[1][0].id == trajectory_id(run_id, 0, 1, steps[1][0].task_id, 0)
+    # the logged reward is the stored rollouts' mean reward
+    for log, s in zip(logs, steps):
+        assert log.reward_mean == pytest.approx(sum(t.reward for t in s) / len(s))
+        assert log.rollouts == 12 and log.tokens_sampled == sum(t.sampled_tokens for t in s)
+    assert [log.checkpoint for log in logs] == [None, c2.id, c3.id]
+    assert any(log.signal_fraction > 0 and log.updated for log in logs)
+    budget = store.budget_totals("r")
+    assert budget["rollouts"] == 36 and budget["tokens"] == sum(t.sampled_tokens for t in trajs)
+    assert budget["seconds"] > 0
+
+
+class Crash(Exception):
+    pass
+
+
+@pytest.mark.parametrize("crash_after", [2, 3])
+def test_resume_equals_an_uninterrupted_run(tiny_dir, tmp_path, crash_after):
+    cfg = StageConfig(steps=4, tasks_per_step=2, samples=4, checkpoint_every=2, seed=3,
+                      checkpoint_dir=str(tmp_path / "ckpt-a"))
+    store = open_run(tmp_path / "a.db", "a")
+    trainer, tok = fresh(tiny_dir)
+    rl_stage(store, "a", 0, FirstCharEnv(), ASSETS, trainer, cfg, tokenizer=tok)
+    straight = params(trainer)
+    want = [(t.task_id, t.sample_index, t.reward, t.token_ids) for t in store.trajectories(run="a")]
+
+    cfg_b = cfg.model_copy(update={"checkpoint_dir": str(tmp_path / "ckpt-b")})
+    db = tmp_path / "b.db"
+    trainer, tok = fresh(tiny_dir)
+
+    def crash(log):
+        if log.index == crash_after:  # after the step's trajectories (and checkpoint) are stored
+            raise Crash
+
+    with pytest.raises(Crash):
+        rl_stage(open_run(db, "b"), "b", 0, FirstCharEnv(), ASSETS, trainer, cfg_b,
+                 tokenizer=tok, on_step=crash)
+    # crash_after=3: step 3's rollouts are stored but no checkpoint holds step 3's update
+    store_b = open_run(db, "b")  # a new handle, model and trainer: a restarted process
+    trainer, tok = fresh(tiny_dir)
+    res = rl_stage(store_b, "b", 0, FirstCharEnv(), ASSETS, trainer, cfg_b, tokenizer=tok,
+                   resume=True)
+    assert res.resumed_from is not None and store_b.get_checkpoint(res.resumed_from).step == 2
+    assert (res.start_step, res.end_step, trainer.step_count) == (0, 4, 4)
+    assert [s.step for s in res.steps] == [3, 4]
+    resumed = params(trainer)
+    for n in straight:
+        torch.testing.assert_close(resumed[n], straight[n], rtol=0, atol=1e-6)
+    got = [(t.task_id, t.sample_index, t.reward, t.token_ids) for t in store_b.trajectories(run="b")]
+    assert got == want  # same rollouts, none stored twice
+    assert [store_b.get_checkpoint(c).step for c in res.checkpoints] == [4]
+    # resuming a finished stage does nothing
+    trainer, tok = fresh(tiny_dir)
+    again = rl_stage(store_b, "b", 0, FirstCharEnv(), ASSETS, trainer, cfg_b, tokenizer=tok,
+                     resume=True)
+    assert again.steps == [] and trainer.step_count == 4
+
+
+def test_untrainable_rollouts_are_refused(tiny_dir, tmp_path):
+    store = open_run(tmp_path / "s.db")
+    trainer, tok = fresh(tiny_dir)
+    text_only = ScriptedBackend(lambda req, i: "hello", tokenizer=None, name="api")
+    with pytest.raises(CoevoError, match="untrainable: backend 'api' returned no token ids"):
+        rl_stage(store, "r", 0, FirstCharEnv(), ASSETS, trainer,
+                 StageConfig(steps=1, tasks_per_step=2, samples=2), backend=text_only)
+    assert trainer.step_count == 0 and store.trajectories(run="r") == []
+
+
+class Flaky:
+    """The live policy, except that every third request of a batch fails (a backend error)."""
+
+    def __init__(self, inner):
+        self.inner, self.name, self.tokenizer = inner, inner.name, inner.tokenizer
+        self.failed = 0
+
+    def generate(self, requests):
+        keep = [i for i in range(len(requests)) if i % 3 != 0]
+        out = self.inner.generate([requests[i] for i in keep])
+        res = [[error_completion("backend timeout")] for _ in requests]
+        for i, o in zip(keep, out):
+            res[i] = o
+        self.failed += len(requests) - len(keep)
+        return res
+
+
+def test_infra_failures_are_excluded_and_counted(tiny_dir, tmp_path):
+    store = open_run(tmp_path / "s.db")
+    trainer, tok = fresh(tiny_dir)
+    flaky = Flaky(live_policy(trainer, tok))
+    before = params(trainer)
+    res = rl_stage(store, "r", 0, FirstCharEnv(), ASSETS, trainer,
+                   StageConfig(steps=2, tasks_per_step=3, samples=4, seed=2), backend=flaky)
+    stored = store.trajectories(run="r")
+    failed = [t for t in stored if t.infra_failed]
+    assert res.infra_failures == len(failed) == flaky.failed > 0
+    assert all(t.reward is None and t.outcome is None for t in failed)
+    assert sum(s.infra_failures for s in res.steps) == res.infra_failures
+    after = params(trainer)  # the remaining samples still trained the policy
+    assert any(not torch.equal(before[n], after[n]) for n in before)
+
+
+def test_uniform_sampler_is_a_function_of_seed_and_step():
+    tasks = FirstCharEnv().tasks("train")
+    a, b = UniformSampler(tasks, seed=1), UniformSampler(tasks, seed=1)
+    assert [t.id for t in a.sample(5, 4)] == [t.id for t in b.sample(5, 4)]
+    assert [t.id for t in a.sample(5, 4)] != [t.id for t in a.sample(6, 4)]
+    assert len({t.id for t in a.sample(0, 12)}) == 12
+    with pytest.raises(CoevoError, match="tasks_per_step: 13"):
+        a.sample(0, 13)
+
+
+@pytest.mark.slow
+def test_embedded_model_learns_the_answer_format(tmp_path):
+    """SmolLM2-135M asked for a bare number mostly answers in prose; GRPO on a format-only
+    reward raises the share of bare-number replies within a few steps."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from coevo.models.embedded import embedded_model_dir
+    from tiny_glue import NumberFormatEnv
+
+    torch.set_num_threads(2)
+    d = embedded_model_dir()
+    model, tok = AutoModelForCausalLM.from_pretrained(str(d)), AutoTokenizer.from_pretrained(str(d))
+    trainer = Trainer(model, TrainConfig(seed=0, lr=3e-3, lora={"rank": 8, "alpha": 16,
+                                                                "target_modules": ["q_proj", "v_proj"]}),
+                      base_model="smollm2-135m-instruct")
+    assets = AgentAssets(harness=tiny_harness(
+        system_prompt="You are a calculator.", answer_format="Reply with only the number.",
+        decoding={"temperature": 0.8, "top_k": 40, "max_new_tokens": 4}))
+    store = open_run(tmp_path / "s.db")
+    res = rl_stage(store, "r", 0, NumberFormatEnv(), assets, trainer,
+                   StageConfig(steps=6, tasks_per_step=2, samples=6, checkpoint_every=6, seed=0),
+                   tokenizer=tok)
+    rewards = [s.reward_mean for s in res.steps]
+    assert sum(rewards[-2:]) / 2 > sum(rewards[:2]) / 2 + 0.15, rewards
