@@ -382,11 +382,71 @@ def report(
 # The main job
 
 
+@app.command("run")
+@_cli
+def run_cmd(
+    config: Optional[Path] = typer.Argument(None, help="Run config YAML (see training/)."),
+    overrides: Optional[list[str]] = typer.Argument(None, help="Dotted overrides: rounds=3 gate.alpha=0.1"),
+    resume: Optional[str] = typer.Option(None, "--resume", help="Continue this run where it stopped."),
+    db: Optional[str] = DbOption,
+) -> None:
+    """Run the co-evolution loop: RL stage, proposals, validation gate, per round; then test."""
+    from coevo.config import RunConfig
+
+    if config is None and resume is None:
+        raise CoevoError("give a run config YAML, or --resume RUN")
+    store = _store(db)
+    if config is None:  # resume from the config stored with the run
+        cfg = RunConfig.load(data=store.get_run(resume).config, overrides=overrides or ())
+    else:
+        cfg = RunConfig.load(config, overrides or ())
+    _run_and_summarise(cfg, store, resume)
+
+
+def _run_and_summarise(cfg, store, resume: Optional[str]) -> None:
+    import time
+
+    from coevo.loop import run_coevolution
+
+    t0 = time.perf_counter()
+    res = run_coevolution(cfg, store, resume=resume, progress=lambda m: console.print(m, highlight=False))
+    console.print(f"\n[bold]run {res.name}[/bold] ({res.run[:12]}) finished in {time.perf_counter() - t0:.0f} s")
+    for i, summary in enumerate(res.rounds):
+        val = summary.get("val_score")
+        console.print(f"round {i}: val {val if val is None else f'{val:.3f}'}", highlight=False)
+    for p in store.proposals(run=res.run):
+        reason = (p.error or "")
+        decisions = store.decisions(p.id)
+        if decisions:
+            reason = decisions[-1].reason
+        console.print(f"  {p.status:9} {p.proposer:10} {reason[:160]}", highlight=False)
+    if res.final is not None:
+        console.print(f"test: {res.final.line()}", highlight=False)
+    console.print(f"audit: coevo runs show {res.name} | coevo proposals list --run {res.name} | "
+                  f"coevo report {res.name} --out report.html", highlight=False)
+
+
 @app.command()
 @_cli
-def quickstart(db: Optional[str] = DbOption) -> None:
-    """Initialise the store and run the main job on the embedded default model."""
+def quickstart(
+    rounds: int = typer.Option(2, "--rounds"),
+    db: Optional[str] = DbOption,
+) -> None:
+    """Initialise the store and run a small gated co-evolution on the embedded default model."""
+    import time
+
+    from coevo.config import RunConfig
+
     init(assets=None, db=db)
+    root = seed_root(None)
+    name = f"quickstart-{time.strftime('%Y%m%d-%H%M%S')}"
+    cfg = RunConfig.load(root / "training" / "quickstart.yaml", [f"name={name}", f"rounds={rounds}"])
+    store = _store(db)
+    _run_and_summarise(cfg, store, None)
+    from coevo.report import write_report
+
+    out = write_report(store, name, Path(f"{name}.html"))
+    console.print(f"report: {out}")
 
 
 if __name__ == "__main__":  # pragma: no cover

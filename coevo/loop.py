@@ -1,0 +1,509 @@
+"""The co-evolution outer loop: RL on the weights, then gated revisions of the harness / skills /
+rubric, every step recorded in the store so a crashed run resumes where it stopped.
+
+    incumbent = seed assets (+ the run's latest checkpoint)
+    for round r:
+        C      = rl_stage(C, incumbent, train split)          # skipped in harness-only mode
+        trajs  = store.trajectories(run, r, split="train")
+        cands  = proposers.propose(incumbent, trajs)           # skipped in weight-only mode
+        for cand: evidence = gate.compare(incumbent, cand, C, val split)   # ungated: none
+        decisions = Holm over the round's candidates; store each with its evidence
+        incumbent = incumbent.with(accepted)
+    final = evaluate(incumbent, C, test split)                 # once, never seen by the gate
+
+Holm and sequential comparison. Every candidate of a round is compared with the ROUND-START
+incumbent under checkpoint C (a fixed family of hypotheses, the same footing for each), each
+with the gate's staged sequential `compare`, which only stops early; then `decide_round` Holm-
+adjusts the candidates' sign-test p-values together. `decide` fills tasks a sequential stop
+left unevaluated with the worst case, so the adjusted decision stays conservative. Several
+accepted candidates of the same kind cannot all be applied to one parent: the one with the
+largest mean difference wins, the others are recorded as rejected ("superseded"). Departure
+from the box in ARCHITECTURE.md: comparing candidate k against an incumbent that already
+absorbed candidates < k would change the hypotheses mid-family and void Holm's guarantee.
+The incumbent arm's per-task scores are computed once per round and reused for every
+candidate (same tasks, checkpoint and seeds; the base seed of round r is fixed, the gate's
+per-task seeds are identical for both arms by construction).
+
+Resume. Round rows carry status (running / done) and, when done, the incumbent's hashes;
+a round's proposals are written in one transaction (so on resume they are reloaded, never
+re-proposed), and its decisions in another (all or none). The idempotency key of a proposal is
+(run, round, proposer, candidate hash). The RL stage is always entered with resume=True, so an
+interrupted stage continues from its latest stored checkpoint and a finished one is a no-op.
+`COEVO_TEST_KILL_AT=<point>` SIGKILLs the process at a named point (`kill_point`): a hook for
+the crash tests, a no-op otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from coevo.assets.base import diff as asset_diff
+from coevo.config import Budgets, RunConfig
+from coevo.errors import CoevoError
+from coevo.evaluate import EvalResult, evaluate
+from coevo.gate import Decision, Evidence, compare, decide_round
+from coevo.propose.base import (
+    Candidate,
+    Incumbent,
+    ProposalContext,
+    Proposer,
+    check_candidate,
+    dedupe,
+    make_proposer,
+)
+
+log = logging.getLogger("coevo.loop")
+KILL_ENV = "COEVO_TEST_KILL_AT"
+_RESUMABLE_CHANGES = {"rounds", "budgets"}  # config keys a resume may change
+
+
+def kill_point(name: str) -> None:
+    """Crash-test hook: SIGKILL this process when COEVO_TEST_KILL_AT names this point."""
+    if os.environ.get(KILL_ENV) == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+@dataclass(frozen=True)
+class Mode:
+    """Which stages a mode runs (the ablations of ARCHITECTURE.md)."""
+
+    train: bool
+    propose: bool
+    gated: bool
+
+
+MODES = {"gated": Mode(True, True, True), "ungated": Mode(True, True, False),
+         "weight-only": Mode(True, False, True), "harness-only": Mode(False, True, True)}
+
+
+@dataclass
+class Parts:
+    """What the loop runs on. `backend` scores the gate's arms, harness-only train rollouts
+    and the final test evaluation; `trainer` (+ `tokenizer`) is the RL policy (None in
+    harness-only mode); `rl_backend` samples the RL rollouts (None: the trainer's live
+    policy). `live_eval` says `backend` wraps the trainer's own in-memory model, so after the
+    RL stage it already holds checkpoint C and must not load the adapter again."""
+
+    env: Any
+    backend: Any
+    proposers: list[Proposer] = field(default_factory=list)
+    trainer: Any = None
+    tokenizer: Any = None
+    rl_backend: Any = None
+    live_eval: bool = False
+
+
+def build_parts(cfg: RunConfig) -> Parts:
+    """Parts from the config: make_env, load_backend, a Trainer over the backend's model."""
+    from coevo.envs.registry import make_env
+    from coevo.models.registry import load_backend
+
+    env = make_env(cfg.env)
+    backend = load_backend(cfg.model.backend, **cfg.model.options)
+    proposers = [make_proposer(p.name, **p.options) for p in cfg.proposers]
+    if not MODES[cfg.mode].train:
+        return Parts(env=env, backend=backend, proposers=proposers)
+    from coevo.rl.stage import live_policy
+    from coevo.rl.trainer import Trainer
+
+    model, tok = getattr(backend, "model", None), getattr(backend, "tokenizer", None)
+    if model is None or tok is None:
+        raise CoevoError(f"model.backend: {cfg.model.backend!r} has no local weights to train; "
+                         "use an hf or embedded backend, or mode harness-only")
+    trainer = Trainer(model, cfg.rl.train, base_model=cfg.model.backend)
+    return Parts(env=env, backend=live_policy(trainer, tok), proposers=proposers,
+                 trainer=trainer, tokenizer=tok, live_eval=True)
+
+
+class RunResult(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    run: str
+    name: str
+    rounds: list[dict[str, Any]] = Field(default_factory=list)  # each round's stored summary
+    incumbent: dict[str, str | None]
+    final: EvalResult | None = None
+
+
+@dataclass
+class _Run:
+    """The loop's state shared by the helpers (one run, one process)."""
+
+    cfg: RunConfig
+    store: Any
+    parts: Parts
+    mode: Mode
+    id: str
+    val: list[Any]
+    test_ids: set[str]
+    progress: Callable[[str], None]
+
+
+def run_coevolution(cfg: RunConfig, store: Any, parts: Parts | None = None, *,
+                    resume: str | None = None,
+                    progress: Callable[[str], None] | None = None) -> RunResult:
+    """Run (or with `resume=RUN`, continue) the co-evolution loop of `cfg`; see the module
+    docstring. Returns every round's summary, the final incumbent and the test evaluation."""
+    parts = parts or build_parts(cfg)
+    run, incumbent, start = open_run(cfg, store, parts, resume, progress or log.info)
+    for r in range(start, cfg.rounds):
+        begin_round(run, r)
+        incumbent = rl_step(run, r, incumbent)                     # C, held fixed from here on
+        kill_point(f"after_rl:{r}")
+        trajs = run.store.trajectories(run.id, round=r, split="train")
+        cands = propose_step(run, r, incumbent, trajs)              # [(proposal id, Candidate)]
+        kill_point(f"after_proposals:{r}")
+        accepted = gate_step(run, r, incumbent, cands)              # decisions stored
+        kill_point(f"after_decisions:{r}")
+        for cand in accepted:
+            incumbent = incumbent.with_candidate(cand)
+        stop = end_round(run, r, incumbent, accepted)
+        kill_point(f"after_round:{r}")
+        if stop:
+            break
+    kill_point("before_final")
+    final = final_step(run, incumbent)
+    return RunResult(run=run.id, name=cfg.name, rounds=[x.summary for x in store.rounds(run.id)],
+                     incumbent=incumbent.hashes(), final=final)
+
+
+# --- run and round bookkeeping -------------------------------------------------------------------
+
+
+def open_run(cfg: RunConfig, store: Any, parts: Parts, resume: str | None,
+             progress: Callable[[str], None]) -> tuple[_Run, Incumbent, int]:
+    """Create the run (or find it for resume); return the state, the incumbent the first
+    round to run starts from, and that round's index."""
+    dump = cfg.model_dump(mode="json")
+    if resume is None:
+        try:
+            store.get_run(cfg.name)
+        except CoevoError:
+            pass
+        else:
+            raise CoevoError(f"a run named {cfg.name!r} already exists; continue it with "
+                             f"--resume {cfg.name} or choose another name")
+        seed = seed_incumbent(cfg, store)
+        rec = store.create_run(cfg.name, config={"config": dump, "seed": seed.hashes()},
+                               mode=cfg.mode, status="running")
+    else:
+        rec = store.get_run(resume)
+        stored = rec.config.get("config", {})
+        changed = sorted(k for k in dump.keys() | stored.keys()
+                         if dump.get(k) != stored.get(k) and k not in _RESUMABLE_CHANGES)
+        if changed:
+            raise CoevoError(f"resume {rec.name}: the config differs from the run's in "
+                             f"{', '.join(changed)} (only {', '.join(sorted(_RESUMABLE_CHANGES))} "
+                             "may change)")
+        store.set_run_status(rec.id, "running")
+    env = parts.env
+    val = list(env.tasks("val", cfg.splits.val_n))
+    test_ids = {t.id for t in env.tasks("test", cfg.splits.test_n)}
+    run = _Run(cfg, store, parts, MODES[cfg.mode], rec.id, val, test_ids, progress)
+    incumbent, start = incumbent_at(run, rec.config["seed"])
+    return run, incumbent, start
+
+
+def seed_incumbent(cfg: RunConfig, store: Any) -> Incumbent:
+    """The round-0 incumbent: seed assets by name/hash (after loading `seed_dir`, if given)."""
+    a = cfg.assets
+    if a.seed_dir:
+        from coevo.assets.io import load_seed_dir
+
+        with store.transaction():
+            for asset in load_seed_dir(a.seed_dir):
+                store.put_asset(asset)
+    harness = store.get_asset("harness", a.harness)
+    rubric = store.get_asset("rubric", a.rubric) if a.rubric else None
+    library, skills = (_library(store, a.skill_library) if a.skill_library else (None, []))
+    return Incumbent(harness=harness, library=library, skills=skills, rubric=rubric)
+
+
+def _library(store: Any, ref: str) -> tuple[Any, list[Any]]:
+    lib = store.get_asset("skill_library", ref)
+    return lib, [store.get_asset("skill", h) for h in store.library_members(lib.hash)]
+
+
+def restore_incumbent(store: Any, hashes: dict[str, str | None]) -> Incumbent:
+    """An Incumbent from stored hashes (what a finished round's summary records)."""
+    library, skills = _library(store, hashes["skill_library"]) if hashes.get("skill_library") else (None, [])
+    return Incumbent(harness=store.get_asset("harness", hashes["harness"]), library=library,
+                     skills=skills, checkpoint=hashes.get("checkpoint"),
+                     rubric=store.get_asset("rubric", hashes["rubric"]) if hashes.get("rubric") else None)
+
+
+def incumbent_at(run: _Run, seed: dict[str, str | None]) -> tuple[Incumbent, int]:
+    """Skip finished rounds: the incumbent after the last done round, and the next index."""
+    hashes, start = seed, 0
+    for rec in run.store.rounds(run.id):
+        if rec.status != "done":
+            break
+        hashes, start = rec.summary["incumbent"], rec.index + 1
+        if rec.summary.get("stop"):
+            start = run.cfg.rounds  # the run stopped early; only the final evaluation is left
+    return restore_incumbent(run.store, hashes), start
+
+
+def begin_round(run: _Run, r: int) -> None:
+    have = {x.index: x for x in run.store.rounds(run.id)}
+    if r not in have:
+        run.store.start_round(run.id, r)
+    run.progress(f"round {r}: {'resuming' if r in have else 'started'}")
+
+
+def end_round(run: _Run, r: int, incumbent: Incumbent, accepted: list[Candidate]) -> str | None:
+    """Close round r with the incumbent's hashes; returns why the run stops now (or None)."""
+    stop = None
+    exhausted = over_budget(run.store, run.id, r, run.cfg.budgets)
+    if exhausted and run.cfg.budgets.stop_run_on_exhaustion:
+        stop = f"budget exhausted: {exhausted}"
+    patience = run.cfg.budgets.patience
+    if stop is None and patience is not None and r + 1 >= patience:
+        recent = [x.summary.get("accepted", []) for x in run.store.rounds(run.id)
+                  if x.status == "done" and x.index > r - patience]
+        if not accepted and len(recent) == patience - 1 and not any(recent):
+            stop = f"no accepted proposal in the last {patience} rounds"
+    summary = {"incumbent": incumbent.hashes(), "accepted": [c.hash for c in accepted],
+               "spent": run.store.budget_totals(run.id, round=r), "stop": stop}
+    run.store.finish_round(run.id, r, "done", summary=summary)
+    run.progress(f"round {r}: done, {len(accepted)} accepted" + (f"; stopping: {stop}" if stop else ""))
+    return stop
+
+
+def over_budget(store: Any, run: str, r: int, budgets: Budgets) -> str | None:
+    """The first per-round budget that round r has used up, as text (None: within budget)."""
+    spent = store.budget_totals(run, round=r)
+    for kind in ("rollouts", "tokens", "proposer_calls", "seconds"):
+        limit = getattr(budgets, kind)
+        if limit is not None and spent.get(kind, 0.0) >= limit:
+            return f"{kind} {spent[kind]:g} >= {limit:g}"
+    return None
+
+
+# --- the stages ----------------------------------------------------------------------------------
+
+
+def rl_step(run: _Run, r: int, incumbent: Incumbent) -> Incumbent:
+    """The round's RL stage (harness-only: none); returns the incumbent with checkpoint C."""
+    if not run.mode.train:
+        collect_train_rollouts(run, r, incumbent)  # the proposers still need trajectories
+        return incumbent
+    from coevo.rl.stage import rl_stage
+
+    p = run.parts
+    res = rl_stage(run.store, run.id, r, p.env, incumbent.agent_assets(), p.trainer,
+                   run.cfg.rl.stage, tokenizer=p.tokenizer, resume=True, backend=p.rl_backend)
+    if p.live_eval and res.checkpoint is not None:
+        p.backend.adapter = run.store.get_checkpoint(res.checkpoint).path  # already in memory
+    run.progress(f"round {r}: RL steps {res.start_step}..{res.end_step}, checkpoint {res.checkpoint}")
+    return incumbent.with_checkpoint(res.checkpoint)
+
+
+def collect_train_rollouts(run: _Run, r: int, incumbent: Incumbent) -> None:
+    """Harness-only mode: roll the incumbent out on a seeded sample of train tasks (stored with
+    the round, like the RL stage's rollouts). Idempotent: skipped when the round has them."""
+    if not run.mode.propose or run.store.trajectories(run.id, round=r, split="train", limit=1):
+        return
+    pool = list(run.parts.env.tasks("train"))
+    n = min(run.cfg.splits.train_n or 16, len(pool))
+    tasks = random.Random(f"{run.cfg.seed}:{r}").sample(pool, n)
+    res = evaluate(run.store, run.parts.env, incumbent.agent_assets(), run.parts.backend,
+                   tasks=tasks, split="train", samples=run.cfg.splits.train_samples,
+                   seed=run.cfg.seed + r, run=run.id, round=r)
+    _charge(run, r, res)
+
+
+def _charge(run: _Run, r: int, res: EvalResult) -> None:
+    with run.store.transaction():
+        run.store.add_budget(run.id, "rollouts", res.n_episodes, round=r)
+        run.store.add_budget(run.id, "tokens", res.tokens_sampled, round=r)
+        run.store.add_budget(run.id, "seconds", res.seconds, round=r)
+
+
+def propose_step(run: _Run, r: int, incumbent: Incumbent,
+                 trajs: list[Any]) -> list[tuple[str, Candidate, str]]:
+    """Candidates of round r as (proposal id, candidate, status). Stored in one transaction;
+    a resumed round reloads them instead of proposing again."""
+    if not run.mode.propose:
+        return []
+    stored = run.store.proposals(run.id, round=r)
+    if stored:
+        return [(p.id, _stored_candidate(run.store, p), p.status) for p in stored]
+    harnesses = {h: run.store.get_asset("harness", h) for h in {t.harness for t in trajs if t.harness}}
+    ctx = ProposalContext(run=run.id, round=r, incumbent=incumbent, trajectories=trajs,
+                          harnesses=harnesses, seed=run.cfg.seed + r)
+    cands: list[Candidate] = []
+    for proposer in run.parts.proposers:
+        t0 = time.perf_counter()
+        cands.extend(proposer.propose(ctx))
+        run.store.add_budget(run.id, "proposer_calls", 1, round=r)
+        run.store.add_budget(run.id, "seconds", time.perf_counter() - t0, round=r)
+    out = []
+    with run.store.transaction():
+        for cand in dedupe(cands):
+            out.append(_record_proposal(run, r, incumbent, cand))
+    run.progress(f"round {r}: {len(out)} proposals, "
+                 f"{sum(s == 'invalid' for _, _, s in out)} invalid")
+    return out
+
+
+def _record_proposal(run: _Run, r: int, incumbent: Incumbent,
+                     cand: Candidate) -> tuple[str, Candidate, str]:
+    reason = check_candidate(cand, incumbent)
+    old = incumbent.asset(cand.kind)
+    changes = asset_diff(old, cand.asset) if cand.asset is not None and old is not None \
+        and old.kind == cand.asset.kind else {}
+    if reason is None:
+        for skill in cand.skills:  # members first: the library row refers to them
+            run.store.put_asset(skill)
+    # An invalid candidate's asset is not stored as a version (name lookups would find it);
+    # its content stays auditable in raw_output and the field diff.
+    raw = cand.raw_output or (cand.asset.canonical() if cand.asset is not None and reason else "")
+    pid = run.store.add_proposal(
+        proposer=cand.proposer, kind=cand.kind, parent=old.hash if old is not None else None,
+        candidate=cand.asset if reason is None else None, run=run.id, round=r,
+        status="invalid" if reason else "pending", rationale=cand.rationale,
+        predicted_effect=cand.predicted_effect, prompt=cand.prompt, raw_output=raw,
+        error=reason, diff=changes)
+    return pid, cand, "invalid" if reason else "pending"
+
+
+def _stored_candidate(store: Any, p: Any) -> Candidate:
+    if p.candidate is None:
+        return Candidate(asset=None, proposer=p.proposer, kind=p.kind, error=p.error)
+    asset = store.get_asset(p.kind, p.candidate)
+    skills = ([store.get_asset("skill", h) for h in store.library_members(asset.hash)]
+              if p.kind == "skill_library" else [])
+    return Candidate(asset=asset, proposer=p.proposer, kind=p.kind, rationale=p.rationale,
+                     predicted_effect=p.predicted_effect, skills=skills)
+
+
+def gate_step(run: _Run, r: int, incumbent: Incumbent,
+              cands: list[tuple[str, Candidate, str]]) -> list[Candidate]:
+    """Decide every pending candidate and store the decisions (one transaction); returns the
+    accepted candidates in proposal order (a resumed round returns the stored verdicts)."""
+    done = [c for _, c, s in cands if s == "accepted"]
+    pending = [(pid, c) for pid, c, s in cands if s == "pending"]
+    if not pending:
+        return done
+    verdicts = (judge_gated if run.mode.gated else judge_ungated)(run, r, incumbent, pending)
+    with run.store.transaction():
+        for (pid, _), (decision, evidence) in zip(pending, verdicts):
+            rows = [{"task_id": p.task_id, "sample": p.sample, "incumbent": p.incumbent,
+                     "candidate": p.candidate, "status": p.status}
+                    for p in (evidence.pairs if evidence else [])]
+            run.store.add_decision(pid, policy=decision.policy, accepted=decision.accepted,
+                                   reason=decision.reason, statistic=decision.statistic,
+                                   rollouts=decision.rollouts, evidence=rows)
+    return [c for (_, c), (d, _) in zip(pending, verdicts) if d.accepted]
+
+
+Verdict = tuple[Decision, Evidence | None]
+
+
+def judge_ungated(run: _Run, r: int, incumbent: Incumbent,
+                  pending: list[tuple[str, Candidate]]) -> list[Verdict]:
+    """Ungated ablation: every valid candidate is accepted, no evaluation. Several of one
+    kind are applied in order, so the last one of each kind is what the incumbent keeps."""
+    d = Decision(accepted=True, reason="ungated mode: every valid proposal is accepted",
+                 statistic={}, policy="ungated", rollouts=0)
+    return [(d, None) for _ in pending]
+
+
+def judge_gated(run: _Run, r: int, incumbent: Incumbent,
+                pending: list[tuple[str, Candidate]]) -> list[Verdict]:
+    """Sequential compare of each candidate with the round-start incumbent under C, then Holm
+    across the compared ones (module docstring), then one winner per asset kind."""
+    cache: dict[str, Any] = {}  # incumbent arm: task id -> score, shared by the candidates
+    tested: list[tuple[int, Evidence]] = []
+    out: list[Verdict | None] = [None] * len(pending)
+    for i, (_, cand) in enumerate(pending):
+        exhausted = over_budget(run.store, run.id, r, run.cfg.budgets)
+        if exhausted:
+            out[i] = (Decision(accepted=False, reason=f"not gated: round budget exhausted "
+                               f"({exhausted})", statistic={}, policy="budget", rollouts=0), None)
+            continue
+        arm = _ArmRunner(run, r, incumbent, incumbent.with_candidate(cand), cache)
+        evidence, _ = compare(arm, run.val, run.cfg.gate, seed=run.cfg.seed + r,
+                              test_guard=run.test_ids)
+        tested.append((i, evidence))
+    decisions = decide_round([e for _, e in tested], run.cfg.gate)
+    m = len(tested)
+    for (i, evidence), d in zip(tested, decisions):
+        out[i] = (d.model_copy(update={"reason": f"{d.reason} (Holm over {m} candidate(s))"}), evidence)
+    _one_winner_per_kind(out, [c for _, c in pending])
+    return out  # type: ignore[return-value]
+
+
+def _one_winner_per_kind(out: list[Any], cands: list[Candidate]) -> None:
+    best: dict[str, int] = {}
+    for i, (d, _) in enumerate(out):
+        if d.accepted:
+            k = cands[i].kind
+            if k not in best or d.statistic.get("mean_diff", 0) > out[best[k]][0].statistic.get("mean_diff", 0):
+                best[k] = i
+    for i, (d, ev) in enumerate(out):
+        if d.accepted and best[cands[i].kind] != i:
+            out[i] = (d.model_copy(update={"accepted": False, "reason": f"{d.reason}; superseded "
+                                           f"by a better accepted {cands[i].kind} this round"}), ev)
+
+
+class _ArmRunner:
+    """The gate's run_arm: evaluate() on val tasks under checkpoint C for either arm, with the
+    round's fixed base seed (so both arms see the same per-task seeds)."""
+
+    def __init__(self, run: _Run, r: int, inc: Incumbent, cand: Incumbent, cache: dict[str, Any]):
+        self.run, self.r, self.inc, self.cand, self.cache = run, r, inc, cand, cache
+
+    def __call__(self, arm: str, tasks: list[Any], seeds: list[int]) -> list[Any]:
+        use_cache = arm == "incumbent"
+        todo = [t for t in tasks if not (use_cache and t.id in self.cache)]
+        scores = self._score(self.inc if use_cache else self.cand, todo) if todo else {}
+        if use_cache:
+            self.cache.update(scores)
+            scores = self.cache
+        return [scores.get(t.id) for t in tasks]
+
+    def _score(self, who: Incumbent, tasks: list[Any]) -> dict[str, Any]:
+        run = self.run
+        res = evaluate(run.store, run.parts.env, who.agent_assets(), run.parts.backend,
+                       tasks=tasks, split="val", samples=run.cfg.splits.val_samples,
+                       seed=run.cfg.gate.seed + self.r, checkpoint=who.checkpoint,
+                       run=run.id, round=self.r)
+        _charge(run, self.r, res)
+        return {t.task_id: None if t.outcome is None else
+                {"outcome": t.outcome, "partial": _unit(t.reward)} for t in res.tasks}
+
+
+def _unit(x: float | None) -> float | None:
+    return None if x is None or not 0.0 <= x <= 1.0 else float(x)
+
+
+def final_step(run: _Run, incumbent: Incumbent) -> EvalResult | None:
+    """The final incumbent on the test split, once (a resumed finished run reuses it)."""
+    store, last = run.store, max((x.index for x in run.store.rounds(run.id)), default=None)
+    summary = store.get_round(run.id, last).summary if last is not None else {}
+    if not run.cfg.final_test or last is None:
+        store.set_run_status(run.id, "done")
+        return None
+    if summary.get("final_evaluation"):
+        store.set_run_status(run.id, "done")
+        rec = store.get_evaluation(summary["final_evaluation"])
+        return EvalResult.model_validate({**rec.summary, "evaluation": rec.id})
+    tasks = list(run.parts.env.tasks("test", run.cfg.splits.test_n))
+    res = evaluate(store, run.parts.env, incumbent.agent_assets(), run.parts.backend, tasks=tasks,
+                   split="test", samples=run.cfg.splits.test_samples, seed=run.cfg.seed,
+                   checkpoint=incumbent.checkpoint, run=run.id)
+    with store.transaction():
+        store.finish_round(run.id, last, "done", summary={**summary, "final_evaluation": res.evaluation})
+        store.set_run_status(run.id, "done")
+    run.progress(f"final: {res.line()}")
+    return res

@@ -1,0 +1,211 @@
+"""Proposers: the extension point that suggests revisions of the incumbent's assets.
+
+A proposer sees the incumbent (harness, skill library + skills, rubric, checkpoint) and the
+round's trajectories, and returns `Candidate`s: each a new version of ONE asset whose parent is
+the incumbent's version of that kind. The loop validates every candidate (`check_candidate`)
+before it is stored: a candidate that touches a field outside its kind's whitelist
+(`coevo.assets.base.forbidden_changes`), changes nothing, has the wrong parent, or failed to
+build (a proposer that could not produce a valid asset returns `Candidate(asset=None,
+error=...)`) becomes an `invalid` proposal with its reason: stored, never gated, never a crash.
+
+Proposers are looked up by name in `PROPOSERS` (`make_proposer(name, **options)`); an unknown
+name fails with the list of known ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from coevo.assets.base import Asset, changed_fields, forbidden_changes
+from coevo.assets.harness import Harness
+from coevo.assets.rubric import Rubric
+from coevo.assets.skill import Skill, SkillLibrary
+from coevo.errors import CoevoError
+from coevo.executors import AgentAssets
+from coevo.registry import Registry, UnknownName
+from coevo.trajectory import Trajectory
+
+REVISABLE_KINDS = ("harness", "skill_library", "rubric")
+
+
+class Incumbent(BaseModel):
+    """The accepted state a round starts from: asset versions + the model checkpoint."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+    harness: Harness
+    library: SkillLibrary | None = None
+    skills: list[Skill] = Field(default_factory=list)
+    rubric: Rubric | None = None
+    checkpoint: str | None = None  # store checkpoint id (None: the base model)
+
+    def asset(self, kind: str) -> Asset | None:
+        return {"harness": self.harness, "skill_library": self.library,
+                "rubric": self.rubric}.get(kind)
+
+    def agent_assets(self) -> AgentAssets:
+        return AgentAssets(harness=self.harness, rubric=self.rubric, library=self.library,
+                           skills=list(self.skills))
+
+    def with_candidate(self, cand: "Candidate") -> "Incumbent":
+        """The incumbent with `cand`'s asset in place of its kind (`incumbent.with(cand)`)."""
+        a = cand.asset
+        if a is None:
+            raise CoevoError(f"proposal by {cand.proposer}: an invalid candidate cannot be applied")
+        if a.kind == "harness":
+            return self.model_copy(update={"harness": a})
+        if a.kind == "rubric":
+            return self.model_copy(update={"rubric": a})
+        by_hash = {s.hash: s for s in [*self.skills, *cand.skills]}
+        members = [by_hash[r.hash] for r in a.skills if r.hash in by_hash]  # type: ignore[attr-defined]
+        return self.model_copy(update={"library": a, "skills": members})
+
+    def with_checkpoint(self, checkpoint: str | None) -> "Incumbent":
+        return self.model_copy(update={"checkpoint": checkpoint})
+
+    def hashes(self) -> dict[str, str | None]:
+        return {"harness": self.harness.hash,
+                "skill_library": self.library.hash if self.library else None,
+                "rubric": self.rubric.hash if self.rubric else None,
+                "checkpoint": self.checkpoint}
+
+
+class Candidate(BaseModel):
+    """One proposed revision. `asset` is the new version (its `parent` the incumbent's hash of
+    that kind); None when the proposer failed to build one (then `error` says why). `skills`
+    carries new member skills a skill-library candidate refers to. `prompt` / `raw_output` are
+    an LLM proposer's exchange, kept for audit."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+    asset: Asset | None
+    proposer: str
+    kind: str
+    rationale: str = ""
+    predicted_effect: str = ""
+    prompt: str = ""
+    raw_output: str = ""
+    error: str | None = None
+    skills: list[Skill] = Field(default_factory=list)
+
+    @property
+    def hash(self) -> str | None:
+        return self.asset.hash if self.asset is not None else None
+
+
+class ProposalContext(BaseModel):
+    """What a proposer sees. `trajectories` are the round's (train) trajectories;
+    `harnesses` maps the harness hashes they name to the versions, so a proposer can strip
+    what the harness put into a transcript (system message, demos)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+    run: str
+    round: int
+    incumbent: Incumbent
+    trajectories: list[Trajectory] = Field(default_factory=list)
+    harnesses: dict[str, Harness] = Field(default_factory=dict)
+    seed: int = 0
+
+
+@runtime_checkable
+class Proposer(Protocol):
+    """Contract: `propose(ctx)` returns zero or more candidates, each revising ONE asset of
+    `ctx.incumbent` with that asset as parent. It must not raise for a bad idea: a candidate
+    it cannot build is returned with `asset=None, error=...` (stored as invalid). It never
+    sees validation or test data; it may read only `ctx`. `name` is recorded on each proposal."""
+
+    name: str
+
+    def propose(self, ctx: ProposalContext) -> list[Candidate]: ...
+
+
+PROPOSERS: Registry[Callable[..., Proposer]] = Registry("proposer")
+
+
+def make_proposer(name: str, **options: Any) -> Proposer:
+    """Build a registered proposer; bad options are a CoevoError naming the proposer."""
+    import coevo.propose  # noqa: F401  (registers the built-in proposers)
+
+    try:
+        factory = PROPOSERS.get(name)
+    except UnknownName as e:
+        raise CoevoError(f"proposers: {e}") from None
+    try:
+        return factory(**options)
+    except (TypeError, ValueError) as e:
+        raise CoevoError(f"proposers: {name}: bad options {sorted(options)}: {e}") from None
+
+
+def check_candidate(cand: Candidate, incumbent: Incumbent) -> str | None:
+    """Why `cand` may not be gated (None: it is admissible)."""
+    if cand.asset is None:
+        return cand.error or "the proposer returned no asset"
+    if cand.kind != cand.asset.kind:
+        return f"declared kind {cand.kind!r} but the asset is a {cand.asset.kind!r}"
+    if cand.kind not in REVISABLE_KINDS:
+        return f"kind {cand.kind!r} is not revisable; expected one of {', '.join(REVISABLE_KINDS)}"
+    old = incumbent.asset(cand.kind)
+    if old is None:
+        return f"the incumbent has no {cand.kind} to revise"
+    if cand.asset.parent != old.hash:
+        got = cand.asset.parent[:12] if cand.asset.parent else None
+        return f"parent {got} is not the incumbent {cand.kind} {old.hash[:12]}"
+    bad = forbidden_changes(old, cand.asset)
+    if bad:
+        return f"changes fields outside the {cand.kind} whitelist: {', '.join(bad)}"
+    if not changed_fields(old, cand.asset):
+        return "changes nothing (same content as the incumbent)"
+    if cand.kind == "skill_library":
+        have = {s.hash for s in [*incumbent.skills, *cand.skills]}
+        missing = [r.name for r in cand.asset.active() if r.hash not in have]  # type: ignore[attr-defined]
+        if missing:
+            return f"library refers to skills it does not carry: {', '.join(missing)}"
+    return None
+
+
+def candidate_from_changes(proposer: str, base: Asset, changes: dict[str, Any],
+                           **fields: Any) -> Candidate:
+    """A child of `base` with `changes` deep-merged into its fields; a validation failure
+    becomes an invalid candidate (the reason names the field), never an exception."""
+    from pydantic import ValidationError
+
+    data = base.model_dump(mode="json")
+    for key, value in changes.items():
+        data[key] = _merge(data.get(key), value)
+    data["parent"] = base.hash
+    try:
+        asset = type(base).model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "(root)"
+        return Candidate(asset=None, proposer=proposer, kind=base.kind,
+                         error=f"{base.kind}.{where}: {err['msg']}", **fields)
+    return Candidate(asset=asset, proposer=proposer, kind=base.kind, **fields)
+
+
+def _merge(old: Any, new: Any) -> Any:
+    """Dicts merge key by key (so `decoding: {temperature: 0.2}` keeps the other knobs);
+    anything else replaces."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = dict(old)
+        for k, v in new.items():
+            out[k] = _merge(old.get(k), v)
+        return out
+    return new
+
+
+def dedupe(cands: Sequence[Candidate]) -> list[Candidate]:
+    """Keep the first of candidates with the same (kind, hash); later copies become invalid
+    (recorded, so the audit shows the proposer repeated itself)."""
+    seen: dict[tuple[str, str], str] = {}
+    out = []
+    for c in cands:
+        if c.hash is not None:
+            key = (c.kind, c.hash)
+            if key in seen:
+                c = c.model_copy(update={"asset": None, "error": f"duplicate of a candidate by {seen[key]}"})
+            else:
+                seen[key] = c.proposer
+        out.append(c)
+    return out

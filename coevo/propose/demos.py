@@ -1,0 +1,125 @@
+"""The `demos` proposer: bootstrapped few-shot demonstrations, no LLM (DSPy's
+BootstrapFewShot idea applied to transcripts the policy itself produced).
+
+From the round's SUCCESSFUL train trajectories it picks `k` demos by reward (then outcome),
+one per task first and spread over task families (round-robin by family, so the demos do not
+all teach one kind of task), and returns a harness child whose `demos` are those transcripts.
+A transcript is the trajectory's messages minus what the harness put there (the system message
+and the harness's own demos, known from `ctx.harnesses`), cut after the final assistant turn.
+
+Departures from DSPy: no teacher program and no metric calls of its own (the environment's
+verifier already scored the trajectory); `keep` existing demos can be kept ahead of the new
+ones; ties are broken by trajectory id so the choice is reproducible (resume re-derives it).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from coevo.assets.harness import Demo, DemoMessage, Harness
+from coevo.propose.base import PROPOSERS, Candidate, ProposalContext
+from coevo.trajectory import Trajectory
+
+_MAX_DEMOS = 16  # Harness.demos max_length
+_ROLES = {"user", "assistant", "tool"}
+
+
+class DemosProposer:
+    name = "demos"
+
+    def __init__(self, k: int = 2, keep: int = 0, min_reward: float | None = None,
+                 max_chars: int = 4000, name: str = "demos"):
+        if k < 1:
+            raise ValueError("k must be >= 1")
+        if keep < 0 or keep + k > _MAX_DEMOS:
+            raise ValueError(f"keep + k must be within 0..{_MAX_DEMOS}")
+        self.k, self.keep, self.min_reward = k, keep, min_reward
+        self.max_chars, self.name = max_chars, name
+
+    def propose(self, ctx: ProposalContext) -> list[Candidate]:
+        harness = ctx.incumbent.harness
+        picked = select(self._eligible(ctx.trajectories), self.k)
+        demos = [d for d in (to_demo(t, ctx.harnesses.get(t.harness or ""), self.max_chars)
+                                for t in picked) if d]
+        if not demos:
+            return []  # nothing successful to learn from this round: no candidate, not invalid
+        new = list(harness.demos[: self.keep]) + demos
+        if new == list(harness.demos):
+            return []
+        asset = harness.child(demos=new)
+        tasks = ", ".join(d.source or "?" for d in demos)
+        return [Candidate(
+            asset=asset, proposer=self.name, kind="harness",
+            rationale=f"bootstrapped {len(demos)} demo(s) from successful train trajectories "
+                      f"of round {ctx.round} (tasks: {tasks}), keeping {self.keep} existing",
+            predicted_effect="better format adherence and task success from worked examples "
+                             "the policy itself produced")]
+
+    def _eligible(self, trajs: list[Trajectory]) -> list[Trajectory]:
+        out = []
+        for t in trajs:
+            if t.split != "train" or t.infra_failed or not t.success:
+                continue
+            if self.min_reward is not None and (t.reward is None or t.reward < self.min_reward):
+                continue
+            out.append(t)
+        return out
+
+
+def select(trajs: list[Trajectory], k: int) -> list[Trajectory]:
+    """Best trajectory per task (reward, then outcome, then id), then round-robin over task
+    families (task id prefix before the last '-' / ':' stands in when no family is known) in
+    order of each family's best, so k demos cover as many families as possible."""
+    def key(t: Trajectory) -> tuple:
+        return (-(t.reward if t.reward is not None else -1.0),
+                -(t.outcome if t.outcome is not None else -1.0), t.id)
+
+    best: dict[str, Trajectory] = {}
+    for t in sorted(trajs, key=key):
+        best.setdefault(t.task_id, t)
+    families: OrderedDict[str, list[Trajectory]] = OrderedDict()
+    for t in sorted(best.values(), key=key):
+        families.setdefault(_family(t.task_id), []).append(t)
+    out: list[Trajectory] = []
+    while len(out) < k and any(families.values()):
+        for group in families.values():
+            if group and len(out) < k:
+                out.append(group.pop(0))
+    return out
+
+
+def _family(task_id: str) -> str:
+    for sep in (":", "-", "_"):
+        if sep in task_id:
+            return task_id.rsplit(sep, 1)[0]
+    return task_id
+
+
+def to_demo(t: Trajectory, harness: Harness | None, max_chars: int = 4000) -> Demo | None:
+    """The task part of a transcript as a Demo (None if it has no user -> assistant shape)."""
+    msgs = list(t.messages)
+    if msgs and msgs[0].get("role") == "system":
+        msgs = msgs[1:]
+    if harness is not None:  # drop the demos the harness itself showed
+        shown = harness.demo_messages()
+        if [_strip(m) for m in msgs[: len(shown)]] == [_strip(m) for m in shown]:
+            msgs = msgs[len(shown):]
+    while msgs and msgs[-1].get("role") != "assistant":
+        msgs.pop()  # a trailing observation or reflection prompt teaches nothing
+    out = []
+    for m in msgs:
+        role, content = m.get("role"), m.get("content")
+        if role not in _ROLES or not isinstance(content, str) or not content.strip():
+            continue
+        out.append(DemoMessage(role=role, content=content[:max_chars],
+                               name=m.get("name") if role == "tool" else None))
+    if len(out) < 2 or out[0].role != "user" or out[-1].role != "assistant" or len(out) > 16:
+        return None
+    return Demo(messages=out, source=t.task_id)
+
+
+def _strip(m: dict) -> tuple:
+    return (m.get("role"), (m.get("content") or "").strip())
+
+
+PROPOSERS.add("demos", DemosProposer)

@@ -1,0 +1,231 @@
+"""The co-evolution loop end to end on CPU: a tiny random Llama trained by the real RL stage,
+a scripted policy backend whose reply depends on the system prompt (so a harness revision can
+truly help), the real gate, evaluate() and store. Also RunConfig loading and overrides.
+
+`build()` is reused by tests/test_resume.py (in a subprocess), so it takes only plain values.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from coevo.assets.harness import Harness
+from coevo.config import RunConfig
+from coevo.errors import AssetError, CoevoError
+from coevo.loop import Parts, run_coevolution
+from coevo.models.scripted import ScriptedBackend
+from coevo.propose import make_proposer
+from coevo.store import Store
+
+HINT = "Begin with the letter a."
+HELPS = {"kind": "harness", "changes": {"system_prompt": f"Reply briefly.\n{HINT}"},
+         "rationale": "the verifier wants a first letter in a-m", "predicted_effect": "+100pp"}
+NO_EFFECT = {"kind": "harness", "changes": {"answer_format": "Be kind."}, "rationale": "style"}
+FORBIDDEN = {"kind": "harness", "changes": {"name": "renamed"}, "rationale": "rename"}
+BROKEN = {"kind": "harness", "changes": {"decoding": {"temperature": 9.0}}, "rationale": "hot"}
+
+
+class ScriptedPolicy(ScriptedBackend):
+    """Replies "a ..." (scored 1 by FirstCharEnv) iff the system prompt carries HINT, else
+    "zz" (scored 0). It records the adapter folders evaluate() asks it to load, so a test can
+    check that both gate arms ran under the round's checkpoint."""
+
+    def __init__(self, tokenizer):
+        super().__init__(self._reply, tokenizer, name="scripted-policy")
+        self.adapter: str | None = None
+        self.loaded: list[str] = []
+
+    def _reply(self, request, index):
+        # The runtime sends the exact prompt token ids; read the system prompt back from them.
+        prompt = (self.tokenizer.decode(request.prompt_ids) if request.prompt_ids is not None
+                  else str(request.messages))
+        return "a fine" if HINT in prompt else "zz"
+
+    def load_adapter(self, path):
+        self.adapter = str(path)
+        self.loaded.append(str(path))
+
+
+def config(tmp: str | Path, mode: str = "gated", candidates=(HELPS, NO_EFFECT), rounds: int = 1,
+           **extra) -> RunConfig:
+    data = {
+        "name": extra.pop("name", f"run-{mode}"), "env": "test:first-char", "mode": mode,
+        "rounds": rounds, "assets": {"harness": "tiny"},
+        "rl": {"stage": {"steps": 1, "tasks_per_step": 2, "samples": 2, "checkpoint_every": 1,
+                         "checkpoint_dir": str(Path(tmp) / "ckpt")},
+               "train": {"lr": 1e-2, "lora": {"rank": 2, "alpha": 4.0,
+                                              "target_modules": ["q_proj", "v_proj"]}}},
+        "proposers": [{"name": "scripted", "options": {"candidates": list(candidates)}}],
+        "gate": {"screen_size": 12, "n_boot": 200},
+        "splits": {"val_n": 12, "test_n": 6, "train_n": 4},
+    }
+    data.update(extra)
+    return RunConfig.from_mapping(data)
+
+
+def build(tmp: str | Path, cfg: RunConfig, url: str):
+    """(store, parts) for `cfg`: the tiny Llama trainer, the scripted policy, FirstCharEnv."""
+    import tiny_glue
+
+    from coevo.rl.trainer import Trainer
+
+    store = Store.open(url)
+    store.put_asset(tiny_glue.tiny_harness(decoding={"temperature": 1.0, "max_new_tokens": 8}))
+    tok = tiny_glue.tiny_tokenizer()
+    policy = ScriptedPolicy(tok)
+    env = tiny_glue.FirstCharEnv(target="abcdefghijklm", size=12)  # "zz" fails, "a fine" passes
+    proposers = [make_proposer(p.name, **p.options) for p in cfg.proposers]
+    trainer = None
+    if cfg.mode != "harness-only":
+        model, _ = tiny_glue.load_tiny_model(tiny_glue.save_tiny_model(Path(tmp) / "tiny"))
+        trainer = Trainer(model, cfg.rl.train, base_model="tiny")
+    return store, Parts(env=env, backend=policy, proposers=proposers, trainer=trainer,
+                        tokenizer=tok, rl_backend=policy)
+
+
+def _run(tmp_path, mode="gated", candidates=(HELPS, NO_EFFECT), **kw):
+    cfg = config(tmp_path, mode, candidates, **kw)
+    store, parts = build(tmp_path, cfg, f"sqlite:///{tmp_path / 'loop.db'}")
+    return cfg, store, parts, run_coevolution(cfg, store, parts)
+
+
+def _by_rationale(store, run):
+    return {p.rationale: p for p in store.proposals(run)}
+
+
+def test_gated_accepts_the_helpful_candidate_and_rejects_the_other(tmp_path):
+    cfg, store, parts, res = _run(tmp_path)
+    props = _by_rationale(store, res.run)
+    helps, style = props[HELPS["rationale"]], props[NO_EFFECT["rationale"]]
+    assert (helps.status, style.status) == ("accepted", "rejected")
+    d_help, d_style = store.decisions(helps.id)[0], store.decisions(style.id)[0]
+    assert d_help.accepted and d_help.policy == "paired" and "Holm over 2" in d_help.reason
+    # 12 paired wins under the same checkpoint: every evidence row is 0 -> 1.
+    assert len(d_help.evidence) == 12
+    assert {(e.incumbent, e.candidate) for e in d_help.evidence} == {(0.0, 1.0)}
+    assert {(e.incumbent, e.candidate) for e in d_style.evidence} == {(0.0, 0.0)}
+    assert d_help.statistic["p_adjusted"] < cfg.gate.alpha < d_style.statistic["p_adjusted"]
+    # The incumbent moved to the accepted version; its parent is the seed harness.
+    final_h = store.get_asset("harness", res.incumbent["harness"])
+    assert HINT in final_h.system_prompt and final_h.parent == helps.parent
+    # RL ran (one checkpoint), both arms were scored under it, the test split once at the end.
+    ck = store.latest_checkpoint(res.run)
+    assert ck is not None and res.incumbent["checkpoint"] == ck.id
+    assert set(parts.backend.loaded) <= {ck.path} and parts.backend.adapter == ck.path
+    assert res.final is not None and res.final.split == "test" and res.final.mean == 1.0
+    assert res.final.checkpoint == ck.id and res.final.harness == final_h.hash
+    assert store.get_run(res.run).status == "done"
+    # Gate evaluations are val; the train trajectories come from the RL stage.
+    assert {t.split for t in store.trajectories(res.run, round=0)} == {"train", "val"}
+
+
+def test_ungated_accepts_every_valid_candidate_without_evaluating(tmp_path):
+    _, store, _, res = _run(tmp_path, "ungated")
+    props = store.proposals(res.run)
+    assert [p.status for p in props] == ["accepted", "accepted"]
+    assert all(store.decisions(p.id)[0].policy == "ungated" for p in props)
+    assert not store.trajectories(res.run, split="val")  # no gate evaluation at all
+    # Two harness children of one parent: the later one is what the incumbent keeps.
+    assert res.incumbent["harness"] == props[-1].candidate
+
+
+def test_weight_only_makes_no_proposals(tmp_path):
+    _, store, _, res = _run(tmp_path, "weight-only")
+    assert store.proposals(res.run) == []
+    assert store.latest_checkpoint(res.run) is not None
+    assert res.incumbent["harness"] == store.get_run(res.run).config["seed"]["harness"]
+
+
+def test_harness_only_runs_no_rl_stage(tmp_path):
+    _, store, _, res = _run(tmp_path, "harness-only")
+    assert store.latest_checkpoint(res.run) is None and res.incumbent["checkpoint"] is None
+    assert [p.status for p in store.proposals(res.run)] == ["accepted", "rejected"]
+    # The proposers still got train trajectories: rolled out by the loop, not by RL.
+    train = store.trajectories(res.run, round=0, split="train")
+    assert len(train) == 4 * 2 and all(t.checkpoint is None for t in train)
+
+
+def test_invalid_candidates_are_stored_with_the_reason_and_never_gated(tmp_path):
+    _, store, _, res = _run(tmp_path, "harness-only", candidates=(FORBIDDEN, BROKEN, HELPS))
+    props = _by_rationale(store, res.run)
+    bad, broken = props["rename"], props["hot"]
+    assert bad.status == broken.status == "invalid"
+    assert "outside the harness whitelist: name" in bad.error and bad.candidate is None
+    assert "decoding.temperature" in broken.error
+    assert store.decisions(bad.id) == [] and store.decisions(broken.id) == []
+    # Holm counted only the gated candidate.
+    assert "Holm over 1" in store.decisions(props[HELPS["rationale"]].id)[0].reason
+
+
+def test_test_split_never_reaches_the_gate(tmp_path):
+    """An environment whose val split leaks a test task: the gate's test_guard refuses it."""
+    import tiny_glue
+
+    class Leaky(tiny_glue.FirstCharEnv):
+        def tasks(self, split="train", n=None):
+            out = super().tasks(split, n)
+            if split == "val":  # smuggle the first test task into validation
+                out = out[:-1] + super().tasks("test", 1)
+            return out
+
+    cfg = config(tmp_path, "harness-only")
+    store, parts = build(tmp_path, cfg, f"sqlite:///{tmp_path / 'leak.db'}")
+    parts.env = Leaky(size=12)
+    with pytest.raises(CoevoError, match="test_guard"):
+        run_coevolution(cfg, store, parts)
+    assert store.trajectories(split="test") == []
+
+
+def test_two_rounds_carry_the_incumbent_and_chain_checkpoints(tmp_path):
+    round1 = {**NO_EFFECT, "round": 1, "rationale": "round-1 style"}
+    _, store, _, res = _run(tmp_path, candidates=(HELPS, round1), rounds=2)
+    rounds = store.rounds(res.run)
+    assert [r.status for r in rounds] == ["done", "done"]
+    assert rounds[0].summary["incumbent"]["harness"] == rounds[1].summary["incumbent"]["harness"]
+    props = _by_rationale(store, res.run)
+    assert props["round-1 style"].parent == rounds[0].summary["incumbent"]["harness"]
+    c1 = store.get_checkpoint(rounds[1].summary["incumbent"]["checkpoint"])
+    assert c1.round == 1 and c1.parent == rounds[0].summary["incumbent"]["checkpoint"]
+
+
+def test_existing_run_name_needs_resume(tmp_path):
+    cfg, store, parts, res = _run(tmp_path, "harness-only")
+    with pytest.raises(CoevoError, match="--resume"):
+        run_coevolution(cfg, store, parts)
+    again = run_coevolution(cfg, store, parts, resume=cfg.name)  # finished: nothing redone
+    assert again.final.evaluation == res.final.evaluation
+    with pytest.raises(CoevoError, match="differs from the run's in gate"):
+        run_coevolution(config(tmp_path, "harness-only", gate={"alpha": 0.1}), store, parts,
+                        resume=cfg.name)
+
+
+# --- RunConfig ---------------------------------------------------------------------------------
+
+
+def test_config_yaml_and_dotted_overrides(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("name: x\nenv: rg:basic_arithmetic\nassets: {harness: reasoning}\n")
+    cfg = RunConfig.load(path, ["rounds=5", "gate.alpha=0.1", "rl.stage.steps=7",
+                                "proposers=[{name: demos, options: {k: 3}}]", "mode=ungated"])
+    assert (cfg.rounds, cfg.gate.alpha, cfg.rl.stage.steps, cfg.mode) == (5, 0.1, 7, "ungated")
+    assert cfg.proposers[0].options == {"k": 3}
+
+
+@pytest.mark.parametrize("override, field", [("gate.alfa=0.1", "gate.alfa"),
+                                             ("roundz=3", "roundz"),
+                                             ("mode=both", "mode"),
+                                             ("rl.train.lr=-1", "rl.train.lr")])
+def test_config_errors_name_the_key(tmp_path, override, field):
+    path = tmp_path / "run.yaml"
+    path.write_text("name: x\nenv: rg:basic_arithmetic\nassets: {harness: reasoning}\n")
+    with pytest.raises(AssetError) as e:
+        RunConfig.load(path, [override])
+    assert e.value.field == field and str(path) in str(e.value)
+
+
+def test_quickstart_config_is_valid():
+    cfg = RunConfig.load(Path(__file__).resolve().parent.parent / "training" / "quickstart.yaml")
+    assert cfg.mode == "gated" and [p.name for p in cfg.proposers] == ["demos"]
