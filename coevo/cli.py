@@ -290,6 +290,72 @@ def eval_cmd(
     console.print(eval_table(result))
 
 
+@app.command("train")
+@_cli
+def train_cmd(
+    harness: str = typer.Option(..., "--harness", help="Harness name, hash or hash prefix."),
+    env: str = typer.Option(..., "--env", help="e.g. bfcl:simple_python"),
+    steps: int = typer.Option(10, "--steps"),
+    group_size: int = typer.Option(4, "--group-size", help="G: samples per task (GRPO group)."),
+    tasks_per_step: int = typer.Option(4, "--tasks-per-step"),
+    model: str = typer.Option("embedded", "--model", help="embedded | hf:PATH (local weights)"),
+    run: Optional[str] = typer.Option(None, "--run", help="Run name (default: train-<harness>-<env>)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run from its latest checkpoint."),
+    lr: float = typer.Option(1e-4, "--lr"),
+    lora_rank: int = typer.Option(16, "--lora-rank"),
+    checkpoint_every: int = typer.Option(5, "--checkpoint-every"),
+    warmup_steps: int = typer.Option(0, "--warmup-steps", help="Supervised steps on successes first."),
+    seed: int = typer.Option(0, "--seed"),
+    rubric: Optional[str] = typer.Option(None, "--rubric"),
+    skills: Optional[str] = typer.Option(None, "--skills"),
+    db: Optional[str] = DbOption,
+) -> None:
+    """Run one RL stage (multi-turn GRPO, LoRA) under fixed assets; checkpoints go to the store."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from coevo.models.registry import load_backend
+    from coevo.rl.config import LoraSettings, TrainConfig
+    from coevo.rl.stage import StageConfig, rl_stage
+    from coevo.rl.trainer import Trainer
+
+    store = _store(db)
+    assets = load_agent_assets(store, harness, rubric, skills)
+    name = run or f"train-{assets.harness.name}-{env.replace(':', '-')}"
+    if resume:
+        rec = store.get_run(name)
+    else:
+        rec = store.create_run(name, config={"command": "train", "env": env, "model": model,
+                                             "steps": steps, "seed": seed}, mode="weight-only")
+        store.start_round(rec.id, 0)
+    with console.status(f"loading {model}"):
+        backend = load_backend(model)
+    lora = LoraSettings(rank=lora_rank, alpha=2.0 * lora_rank)
+    trainer = Trainer(backend.model, TrainConfig(lr=lr, lora=lora, seed=seed, warmup_steps=warmup_steps),
+                      base_model=model)
+    cfg = StageConfig(steps=steps, tasks_per_step=tasks_per_step, samples=group_size, seed=seed,
+                      checkpoint_every=checkpoint_every)
+    cols = (TextColumn("[bold]RL[/bold]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("{task.fields[info]}"))
+    with Progress(*cols, console=console) as bar:
+        task = bar.add_task("rl", total=steps, info="")
+
+        def on_step(log) -> None:
+            bar.update(task, completed=log.index, info=(
+                f"reward {log.reward_mean:.3f} signal {log.signal_fraction:.2f} loss {log.loss:+.4f} "
+                f"kl {log.kl:.4f} {log.rollout_tokens_per_s:.0f} tok/s"))
+            bar.console.print(f"step {log.step}: reward {log.reward_mean:.3f}, signal {log.signal_fraction:.2f}, "
+                              f"loss {log.loss:+.4f}, kl {log.kl:.4f}, rollout {log.rollout_tokens_per_s:.0f} tok/s, "
+                              f"train {log.train_tokens_per_s:.0f} tok/s"
+                              + (f", checkpoint {log.checkpoint[:12]}" if log.checkpoint else ""), highlight=False)
+
+        result = rl_stage(store, rec.id, 0, env, assets, trainer, cfg, tokenizer=backend.tokenizer,
+                          resume=resume, on_step=on_step)
+    store.finish_round(rec.id, 0, summary={"rl": result.model_dump(mode="json")})
+    console.print(f"run {name}: steps {result.start_step}..{result.end_step}, checkpoint {result.checkpoint}; "
+                  f"evaluate with: coevo eval --harness {harness} --env {env} --checkpoint {result.checkpoint}",
+                  highlight=False)
+
+
 def eval_table(result) -> Table:
     t = Table(title=f"{result.env} {result.split} (evaluation {_short(result.evaluation)})")
     for col in ("mean [95% CI]", "success", "reward", "turns", "tokens", "seconds", "infra fail"):
