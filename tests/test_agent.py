@@ -409,3 +409,50 @@ def test_embedded_model_on_eight_bfcl_tasks_end_to_end():
         assert t.loss_mask == [0] * t.prompt_len + [1] * (turn.end - turn.start)
         assert all(lp <= 0 for lp in t.logprobs[turn.start:]) and any(t.logprobs[turn.start:])
         assert task.messages[0]["content"] in tok.decode(t.token_ids[:t.prompt_len])
+
+
+class TwoQuestionEnv(WeatherEnv):
+    """Two user turns (as BFCL multi-turn has): the second question comes via next_turn."""
+
+    name = "test:two-questions"
+
+    def start(self, task):
+        return {"calls": [], "asked": 1}
+
+    def next_turn(self, state):
+        if state["asked"] >= 2:
+            return None
+        state["asked"] += 1
+        return [{"role": "user", "content": "How warm is it in Oslo?"}]
+
+    def score(self, task, state, response: Response) -> Score:
+        ok = state["asked"] == 2 and "4 degrees in Oslo" in response.text
+        return Score(outcome=float(ok), success=ok)
+
+
+def two_question_script(request, index):
+    text = TOK_TEXT(request)
+    last_user = text.rsplit("<|im_start|>user\n", 1)[1]
+    city = next(c for c in TEMPS if f"How warm is it in {c}?" in last_user)
+    if "<|im_start|>tool" not in last_user:
+        return json.dumps({"name": "get_weather", "arguments": {"city": city}})
+    temp = last_user.rsplit("<|im_start|>tool\n", 1)[1].split(" C", 1)[0]
+    return f"It is {temp} degrees in {city}."
+
+
+def test_next_user_turn_continues_the_episode_with_mask_zero():
+    env, tok = TwoQuestionEnv(), tiny_tokenizer()
+    backend = ScriptedBackend(two_question_script, tok)
+    [traj] = run_episodes_sync(env, env.tasks(n=1), weather_harness(workflow={"max_turns": 8}),
+                               backend=backend)
+    assert traj.status == "ok" and traj.outcome == 1.0
+    # call, answer, (next user turn), call, answer
+    assert [bool(t.tool_calls) for t in traj.turns] == [True, False, True, False]
+    assert traj.turns[2].tool_calls[0].arguments == {"city": "Oslo"}
+    text = tok.decode(traj.token_ids)
+    assert "<|im_start|>user\nHow warm is it in Oslo?<|im_end|>" in text
+    # the second question's tokens were not sampled by the policy
+    q_start = traj.turns[1].end
+    assert sum(traj.loss_mask[q_start:traj.turns[2].start]) == 0
+    assert [i for i, m in enumerate(traj.loss_mask) if m] == [
+        i for t in traj.turns for i in range(t.start, t.end)]

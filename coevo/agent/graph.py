@@ -13,6 +13,9 @@ concurrent episode.
   unknown names, unreadable calls, bad arguments, exceptions and timeouts become observations.
 - reflect (only when the workflow asks for it): after a tool error, a user message with the
   harness's reflection prompt joins the observation.
+- user: environments with several user turns (BFCL multi-turn) hand over the next user
+  message through `env.next_turn(state)` when the agent answers without a tool call; the
+  episode ends when there is none.
 - finish: answer extraction per harness, into the `Response` the verifier scores.
 
 Departure from a ReAct loop such as langgraph.prebuilt's: a `single_turn` environment scores
@@ -68,15 +71,18 @@ class EpisodeContext:
     trainable: bool = True
     seconds_generate: float = 0.0
     seconds_tools: float = 0.0
+    pending_user: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def env_functions(self) -> set[str]:
-        return {function_name(spec) for spec in self.task.tools}
+        # Functions revealed mid-episode (BFCL miss_func) live on the environment's state.
+        specs = getattr(self.env_state, "tools", None) or self.task.tools
+        return {function_name(spec) for spec in specs}
 
 
 class GraphState(TypedDict):
     turn: int  # policy steps taken
-    route: Literal["tools", "finish", ""]
+    route: Literal["tools", "user", "finish", ""]
     tool_error: bool  # the last tools step produced an error observation
 
 
@@ -100,9 +106,27 @@ async def policy_node(state: GraphState, runtime: Runtime[EpisodeContext]) -> di
                          parse_error=parsed.error, seconds=seconds))
     turn = state["turn"] + 1
     attempted = bool(parsed.calls) or parsed.error is not None
-    if ep.env.single_turn or not attempted or turn >= ep.max_turns:
+    if ep.env.single_turn or turn >= ep.max_turns:
         return {"route": "finish", "turn": turn}
+    if not attempted:
+        ep.pending_user = _next_user_turn(ep)
+        return {"route": "user" if ep.pending_user else "finish", "turn": turn}
     return {"route": "tools", "turn": turn}
+
+
+def _next_user_turn(ep: EpisodeContext) -> list[dict[str, Any]]:
+    """The environment's next user messages (empty: the conversation is over)."""
+    next_turn = getattr(ep.env, "next_turn", None)
+    if next_turn is None:
+        return []
+    return list(next_turn(ep.env_state) or [])
+
+
+async def user_node(state: GraphState, runtime: Runtime[EpisodeContext]) -> dict[str, Any]:
+    ep = runtime.context
+    ep.seq.add_observation(ep.pending_user)  # mask 0: the user's words, not the policy's
+    ep.pending_user = []
+    return {"tool_error": False}
 
 
 async def tools_node(state: GraphState, runtime: Runtime[EpisodeContext]) -> dict[str, Any]:
@@ -202,9 +226,12 @@ def build_graph(reflect_on_tool_error: bool):
     g = StateGraph(GraphState, context_schema=EpisodeContext)
     g.add_node("policy", policy_node)
     g.add_node("tools", tools_node)
+    g.add_node("user", user_node)
     g.add_node("finish", finish_node)
     g.add_edge(START, "policy")
-    g.add_conditional_edges("policy", _after_policy, {"tools": "tools", "finish": "finish"})
+    g.add_conditional_edges("policy", _after_policy,
+                            {"tools": "tools", "user": "user", "finish": "finish"})
+    g.add_edge("user", "policy")
     if reflect_on_tool_error:
         g.add_node("reflect", reflect_node)
         g.add_conditional_edges("tools", _after_tools_reflecting,
