@@ -371,3 +371,19 @@ def test_budgets(store):
     assert store.budget_totals("r") == {"proposer_calls": 1.0, "rollouts": 24.0,
                                         "tokens": 1200.5}
     assert store.budget_totals("r", round=1) == {"rollouts": 8.0, "tokens": 1200.5}
+
+
+def test_token_ids_written_before_the_raw_format_still_decode():
+    import zlib
+    from array import array
+
+    from coevo.store import codec
+
+    ids = [3, 49151, 0, 17]
+    old = bytes((codec.TAG_IDS,)) + zlib.compress(array("i", ids).tobytes(), 1)
+    assert codec.unpack_ids(old) == ids
+    new = codec.pack_ids(ids)
+    assert new[0] == codec.TAG_IDS_RAW and len(new) == 1 + 4 * len(ids)
+    assert codec.unpack_ids(new) == ids
+    with pytest.raises(codec.CodecError, match="expected packed token ids"):
+        codec.unpack_ids(codec.pack_mask([0, 1]))
