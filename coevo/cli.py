@@ -308,6 +308,9 @@ def train_cmd(
     seed: int = typer.Option(0, "--seed"),
     rubric: Optional[str] = typer.Option(None, "--rubric"),
     skills: Optional[str] = typer.Option(None, "--skills"),
+    executor: str = typer.Option("local", "--executor", help="local (live policy) | ray (actors load each step's adapter)"),
+    actors: int = typer.Option(2, "--actors", help="Ray actors (with --executor ray)."),
+    rollout_model: Optional[str] = typer.Option(None, "--rollout-model", help="Roll out on another engine, e.g. vllm:PATH (loads each step's adapter)."),
     db: Optional[str] = DbOption,
 ) -> None:
     """Run one RL stage (multi-turn GRPO, LoRA) under fixed assets; checkpoints go to the store."""
@@ -334,6 +337,13 @@ def train_cmd(
                       base_model=model)
     cfg = StageConfig(steps=steps, tasks_per_step=tasks_per_step, samples=group_size, seed=seed,
                       checkpoint_every=checkpoint_every)
+    from coevo.executors import LocalExecutor, make_executor
+
+    remote = None
+    if executor != "local":
+        remote = make_executor(executor, backend=rollout_model or model, num_actors=actors)
+    elif rollout_model:
+        remote = LocalExecutor(load_backend(rollout_model))
     cols = (TextColumn("[bold]RL[/bold]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             TextColumn("{task.fields[info]}"))
     with Progress(*cols, console=console) as bar:
@@ -349,7 +359,9 @@ def train_cmd(
                               + (f", checkpoint {log.checkpoint[:12]}" if log.checkpoint else ""), highlight=False)
 
         result = rl_stage(store, rec.id, 0, env, assets, trainer, cfg, tokenizer=backend.tokenizer,
-                          resume=resume, on_step=on_step)
+                          resume=resume, on_step=on_step, executor=remote)
+    if remote is not None:
+        remote.close()
     store.finish_round(rec.id, 0, summary={"rl": result.model_dump(mode="json")})
     console.print(f"run {name}: steps {result.start_step}..{result.end_step}, checkpoint {result.checkpoint}; "
                   f"evaluate with: coevo eval --harness {harness} --env {env} --checkpoint {result.checkpoint}",

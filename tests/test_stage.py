@@ -216,3 +216,37 @@ def test_embedded_model_learns_the_answer_format(tmp_path):
                    tokenizer=tok)
     rewards = [s.reward_mean for s in res.steps]
     assert sum(rewards[-2:]) / 2 > sum(rewards[:2]) / 2 + 0.15, rewards
+
+
+def test_remote_executor_samples_with_the_latest_adapter_each_step(tiny_dir, tmp_path):
+    """Rollouts on a separate engine (as vLLM or Ray workers are) that loads the adapter the
+    stage publishes before every step give the same trajectories as the live policy."""
+    from coevo.executors import LocalExecutor
+    from coevo.models.hf import HFBackend
+
+    cfg = StageConfig(steps=3, tasks_per_step=2, samples=4, checkpoint_every=3, seed=3)
+    trainer, tok = fresh(tiny_dir)
+    store = open_run(tmp_path / "a.db", "live")
+    rl_stage(store, "live", 0, FirstCharEnv(), ASSETS, trainer, cfg, tokenizer=tok)
+    live = store.trajectories(run="live", round=0)
+
+    trainer2, _ = fresh(tiny_dir)
+    engine = HFBackend.from_pretrained(str(tiny_dir), name="engine")
+    loaded = []
+    real_load = engine.load_adapter
+    engine.load_adapter = lambda path: (loaded.append(Path(path).name), real_load(path))[1]
+    store2 = open_run(tmp_path / "b.db", "remote")
+    rl_stage(store2, "remote", 0, FirstCharEnv(), ASSETS, trainer2, cfg,
+             executor=LocalExecutor(engine))
+    remote = store2.trajectories(run="remote", round=0)
+
+    assert loaded == ["step-0", "step-1", "step-2"]  # a fresh adapter before every step
+    assert [t.token_ids for t in remote] == [t.token_ids for t in live]
+    assert [t.reward for t in remote] == [t.reward for t in live]
+    for a, b in zip(remote, live):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+    p1, p2 = params(trainer), params(trainer2)
+    assert all(torch.allclose(p1[n], p2[n], atol=1e-6) for n in p1)
+    # only the current step's published adapter is kept
+    rollout_dir = Path(engine.adapter).parent
+    assert [p.name for p in rollout_dir.iterdir()] == ["step-2"]

@@ -200,6 +200,20 @@ def _store_new(store: Any, trajs: list[Trajectory], run: str, round: int) -> int
     return len(new)
 
 
+def _publish_adapter(trainer: Any, ckpt_root: Path, step: int) -> str:
+    """Write the current adapter for remote rollout workers; keep only this step's folder."""
+    import shutil
+
+    root = ckpt_root / "rollout"
+    folder = root / f"step-{step}"
+    if root.is_dir():
+        for old in root.iterdir():
+            if old != folder:
+                shutil.rmtree(old, ignore_errors=True)
+    trainer.model.save_pretrained(str(folder), safe_serialization=True)
+    return str(folder)
+
+
 def live_policy(trainer: Any, tokenizer: Any, name: str | None = None, **opts: Any):
     """An HFBackend over the trainer's in-memory model: sampling sees every update at once."""
     from coevo.models.hf import HFBackend
@@ -216,12 +230,16 @@ def rl_stage(store: Any, run: str, round: int, env: str | Environment, assets: A
              trainer: Any, cfg: StageConfig, *, tokenizer: Any = None, resume: bool = False,
              sampler: TaskSampler | None = None, backend: Any = None,
              on_step: Callable[[StepLog], None] | None = None,
-             parent: str | None = None) -> StageResult:
+             parent: str | None = None, executor: Any = None) -> StageResult:
     """Run `cfg.steps` RL steps of `round` (see the module docstring); returns what it did.
 
     backend: the rollout backend (default: `live_policy(trainer, tokenizer)`; a stand-in in
     tests). parent: the checkpoint the trainer starts from (default: the run's latest).
     resume: continue this round's stage from the run's latest checkpoint.
+    executor: roll out elsewhere (Ray actors, or a LocalExecutor over a vLLM engine): before
+    every step the current adapter is written to `<checkpoints>/rollout/step-N` and each
+    worker loads it (a new folder per step, so a worker can never sample with a stale one;
+    on several machines the checkpoint folder must be on a shared file system).
     """
     from coevo.rl.lora import CheckpointError, load_checkpoint, save_checkpoint
 
@@ -253,10 +271,11 @@ def rl_stage(store: Any, run: str, round: int, env: str | Environment, assets: A
                  else coevo_home() / "runs" / run_rec.name / "checkpoints")
     if sampler is None:
         sampler = SAMPLERS.get(cfg.sampler)(env.tasks("train", cfg.pool_size), cfg.seed)
-    own_backend = backend is None
+    remote = executor is not None
+    own_backend = backend is None and not remote
     policy = live_policy(trainer, tokenizer) if own_backend else backend
-    base_name = policy.name
-    executor = LocalExecutor(policy)
+    base_name = getattr(policy, "name", None) or getattr(executor, "name", "executor")
+    executor = executor if remote else LocalExecutor(policy)
     result = StageResult(run=run_rec.id, round=round, start_step=start, end_step=end,
                          resumed_from=resumed_from, checkpoint=parent_id)
 
@@ -265,9 +284,10 @@ def rl_stage(store: Any, run: str, round: int, env: str | Environment, assets: A
         if own_backend:
             policy.name = f"{base_name}@step-{s}"
         t0 = time.perf_counter()
+        adapter = _publish_adapter(trainer, ckpt_root, s) if remote else None
         trajs = executor.run(EpisodeJob(env=env, tasks=tasks, assets=assets,
                                         samples=cfg.samples, seed=step_seed(cfg.seed, s),
-                                        split="train", checkpoint=parent_id))
+                                        split="train", checkpoint=parent_id, adapter=adapter))
         t_roll = time.perf_counter() - t0
         _refuse_untrainable(trajs, policy)
         trajs = [t.model_copy(update={"id": trajectory_id(run_rec.id, round, s, t.task_id,
