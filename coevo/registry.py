@@ -7,8 +7,9 @@ bare KeyError.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from coevo.errors import CoevoError
 
@@ -49,3 +50,17 @@ class Registry(Generic[T]):
 
     def __contains__(self, name: str) -> bool:
         return name in self._items
+
+
+def import_dotted(module_name: str, attr: str, what: str) -> Any:
+    """`module_name` imported, then the dotted `attr` inside it ("Class.method"), which must be
+    callable. Errors are CoevoError prefixed with `what` (e.g. "python criterion 'm:f'");
+    an ImportError is re-raised as is, for callers that explain it in their own terms."""
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise CoevoError(f"{what}: {module_name} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise CoevoError(f"{what}: {module_name}:{attr} is not callable")
+    return obj

@@ -17,7 +17,6 @@ one episode and see the task and the verifier's `Score`, because partial credit 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import json
 import logging
@@ -31,6 +30,7 @@ import jsonschema
 from coevo.envs.base import Response, Score, Task
 from coevo.errors import CoevoError
 from coevo.models.base import Request, Sampling
+from coevo.registry import import_dotted
 from coevo.trajectory import ToolCall
 
 log = logging.getLogger(__name__)
@@ -164,16 +164,9 @@ def resolve_callable(ref: str) -> Callable[..., Any]:
     """
     module_name, _, attr = ref.partition(":")
     try:
-        obj: Any = importlib.import_module(module_name)
+        return import_dotted(module_name, attr, f"python criterion {ref!r}")
     except ImportError as exc:
         raise CoevoError(f"python criterion {ref!r}: cannot import {module_name!r}: {exc}") from None
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise CoevoError(f"python criterion {ref!r}: {module_name!r} has no {attr!r}")
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise CoevoError(f"python criterion {ref!r}: {attr!r} is not callable")
-    return obj
 
 
 def python_reward(ref: str, task: Task, response: Response, score: Score,

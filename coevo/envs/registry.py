@@ -15,7 +15,6 @@ list of known kinds (`coevo.registry.Registry`).
 
 from __future__ import annotations
 
-import importlib
 import json
 import re
 from collections.abc import Callable
@@ -24,7 +23,7 @@ from urllib.parse import parse_qsl
 
 from coevo.envs.base import Environment
 from coevo.errors import CoevoError
-from coevo.registry import Registry, UnknownName
+from coevo.registry import Registry, UnknownName, import_dotted
 
 EnvFactory = Callable[..., Environment]
 ENV_KINDS: Registry[EnvFactory] = Registry("environment kind")
@@ -111,18 +110,12 @@ def make_env(spec: str, **opts: Any) -> Environment:
 def _plugin(spec: str, module_name: str, attr_path: str, options: dict[str, Any]) -> Environment:
     known = ", ".join(ENV_KINDS.names())
     try:
-        obj: Any = importlib.import_module(module_name)
+        obj = import_dotted(module_name, attr_path, f"environment {spec!r}")
     except ImportError as e:
         raise CoevoError(
             f"environment {spec!r}: {module_name!r} is neither a known kind ({known}) "
             f"nor an importable module ({e})"
         ) from None
-    for part in attr_path.split("."):
-        if not hasattr(obj, part):
-            raise CoevoError(f"environment {spec!r}: {module_name} has no attribute {attr_path!r}")
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise CoevoError(f"environment {spec!r}: {attr_path} is not a class or factory")
     try:
         env = obj(**options)
     except TypeError as e:
