@@ -250,8 +250,7 @@ def load_agent_assets(store, harness: str, rubric: Optional[str], skills: Option
             raise
     lib, members = None, []
     try:
-        lib = store.get_asset("skill_library", skills or "seed")
-        members = [store.get_asset("skill", m) for m in store.library_members(lib.hash)]
+        lib, members = store.get_library(skills or "seed")
     except NotFound:
         if skills:
             raise

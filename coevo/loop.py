@@ -223,18 +223,13 @@ def seed_incumbent(cfg: RunConfig, store: Any) -> Incumbent:
                 store.put_asset(asset)
     harness = store.get_asset("harness", a.harness)
     rubric = store.get_asset("rubric", a.rubric) if a.rubric else None
-    library, skills = (_library(store, a.skill_library) if a.skill_library else (None, []))
+    library, skills = (store.get_library(a.skill_library) if a.skill_library else (None, []))
     return Incumbent(harness=harness, library=library, skills=skills, rubric=rubric)
-
-
-def _library(store: Any, ref: str) -> tuple[Any, list[Any]]:
-    lib = store.get_asset("skill_library", ref)
-    return lib, [store.get_asset("skill", h) for h in store.library_members(lib.hash)]
 
 
 def restore_incumbent(store: Any, hashes: dict[str, str | None]) -> Incumbent:
     """An Incumbent from stored hashes (what a finished round's summary records)."""
-    library, skills = _library(store, hashes["skill_library"]) if hashes.get("skill_library") else (None, [])
+    library, skills = store.get_library(hashes["skill_library"]) if hashes.get("skill_library") else (None, [])
     return Incumbent(harness=store.get_asset("harness", hashes["harness"]), library=library,
                      skills=skills, checkpoint=hashes.get("checkpoint"),
                      rubric=store.get_asset("rubric", hashes["rubric"]) if hashes.get("rubric") else None)
@@ -379,9 +374,8 @@ def _record_proposal(run: _Run, r: int, incumbent: Incumbent,
 def _stored_candidate(store: Any, p: Any) -> Candidate:
     if p.candidate is None:
         return Candidate(asset=None, proposer=p.proposer, kind=p.kind, error=p.error)
-    asset = store.get_asset(p.kind, p.candidate)
-    skills = ([store.get_asset("skill", h) for h in store.library_members(asset.hash)]
-              if p.kind == "skill_library" else [])
+    asset, skills = (store.get_library(p.candidate) if p.kind == "skill_library"
+                     else (store.get_asset(p.kind, p.candidate), []))
     return Candidate(asset=asset, proposer=p.proposer, kind=p.kind, rationale=p.rationale,
                      predicted_effect=p.predicted_effect, skills=skills)
 

@@ -112,3 +112,16 @@ def test_audit_commands_show_reasons_lineage_and_report(tmp_path):
     out = tmp_path / "r.html"
     r = runner.invoke(app, ["report", "exp1", "--out", str(out), "--db", db])
     assert r.exit_code == 0 and out.exists() and "<svg" in out.read_text()
+
+
+def test_get_library_returns_the_member_skill_versions(tmp_path):
+    from coevo.cli import load_agent_assets
+
+    db = f"sqlite:///{tmp_path / 'c.db'}"
+    runner.invoke(app, ["init", "--assets", str(REPO), "--db", db])
+    store = Store.open(db)
+    lib, skills = store.get_library("seed")
+    assert sorted(s.name for s in skills) == sorted(lib.names)
+    assert {s.hash for s in skills} == {m.hash for m in lib.skills}
+    assets = load_agent_assets(store, "function_calling", None, None)
+    assert assets.library.hash == lib.hash and assets.rubric.name == "function_calling"

@@ -268,6 +268,11 @@ class Store:
             return list(s.execute(sa.select(m.c.skill_hash).where(m.c.library_hash == h)
                                   .order_by(m.c.position)).scalars())
 
+    def get_library(self, ref: str) -> tuple[Asset, list[Asset]]:
+        """A stored skill library and its member skill versions (what an agent runs with)."""
+        lib = self.get_asset("skill_library", ref)
+        return lib, [self.get_asset("skill", h) for h in self.library_members(lib.hash)]
+
     def _lineage(self, ref: str, kind: str | None, up: bool) -> list[AssetRecord]:
         av = T.AssetVersion.__table__
         start = self.resolve(kind, ref).hash
