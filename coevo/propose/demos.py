@@ -18,6 +18,7 @@ from collections import OrderedDict
 
 from coevo.assets.harness import Demo, DemoMessage, Harness
 from coevo.propose.base import PROPOSERS, Candidate, ProposalContext
+from coevo.propose.digest import episode_messages
 from coevo.trajectory import Trajectory
 
 _MAX_DEMOS = 16  # Harness.demos max_length
@@ -97,13 +98,7 @@ def _family(task_id: str) -> str:
 
 def to_demo(t: Trajectory, harness: Harness | None, max_chars: int = 4000) -> Demo | None:
     """The task part of a transcript as a Demo (None if it has no user -> assistant shape)."""
-    msgs = list(t.messages)
-    if msgs and msgs[0].get("role") == "system":
-        msgs = msgs[1:]
-    if harness is not None:  # drop the demos the harness itself showed
-        shown = harness.demo_messages()
-        if [_strip(m) for m in msgs[: len(shown)]] == [_strip(m) for m in shown]:
-            msgs = msgs[len(shown):]
+    msgs = episode_messages(t, harness)
     while msgs and msgs[-1].get("role") != "assistant":
         msgs.pop()  # a trailing observation or reflection prompt teaches nothing
     out = []
@@ -116,10 +111,6 @@ def to_demo(t: Trajectory, harness: Harness | None, max_chars: int = 4000) -> De
     if len(out) < 2 or out[0].role != "user" or out[-1].role != "assistant" or len(out) > 16:
         return None
     return Demo(messages=out, source=t.task_id)
-
-
-def _strip(m: dict) -> tuple:
-    return (m.get("role"), (m.get("content") or "").strip())
 
 
 PROPOSERS.add("demos", DemosProposer)

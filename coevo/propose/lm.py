@@ -1,0 +1,323 @@
+"""The proposer LM: DSPy programs running on coevo's own model backends, with record/replay.
+
+Every LLM proposer is a DSPy program (a `dspy.Signature` run by `dspy.Predict`). DSPy talks to
+models through an *engine* (`engine.complete(dspy.lm15.Request) -> dspy.lm15.Response`); this
+module's `BackendEngine` is that engine over any coevo `Backend` (`embedded`, `hf:PATH`,
+`openai:URL`, `vllm:PATH`, `llamacpp:GGUF`), so a proposer runs offline on the embedded model
+by default and on a served larger model by changing one string. The proposer model is
+configured apart from the policy (`ProposerModel`): the policy is being trained, the proposer
+must not drift with it.
+
+Structured output goes through `dspy.JSONAdapter` (the default ChatAdapter cannot parse a
+135M model's output at all; FACTS.md). A model that does not follow the format is the normal
+case for a small model, not an exception: `run_program` returns a `ProgramCall` with the exact
+prompt, the raw output and the parse error, and the proposer turns that into an `invalid`
+proposal (stored, never a crash). With the `llamacpp` backend and `json_schema: true` the
+engine builds a llama.cpp JSON-schema grammar from the signature's output fields, so even the
+135M model emits well-formed JSON (content is still its own).
+
+Cassettes (record/replay). A cassette is a JSONL file of exchanges keyed by the sha256 of the
+canonical request (messages + sampling settings). `mode`: `replay` answers only from the file
+(a miss is an error naming the file and key: tests are offline and deterministic), `record`
+always calls the model and appends, `auto` replays what is there and records the rest, `off`
+ignores the file. Departure from DSPy's own cache: ours is a reviewable text file that ships
+with the tests, keyed on what the model saw rather than on DSPy's call arguments.
+
+`LITELLM_LOCAL_MODEL_COST_MAP=True` is set before dspy is imported: litellm (pulled in by
+dspy) otherwise fetches a cost map from the network on import.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hashlib
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any, Literal
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+import dspy  # noqa: E402
+from dspy.lm15 import Message, Response, TextPart, Usage  # noqa: E402
+from dspy.utils.exceptions import AdapterParseError, DSPyError  # noqa: E402
+from pydantic import BaseModel, ConfigDict, Field  # noqa: E402
+
+from coevo.errors import CoevoError  # noqa: E402
+from coevo.models.base import Request, Sampling  # noqa: E402
+
+CassetteMode = Literal["record", "replay", "auto", "off"]
+
+
+class CassetteMiss(CoevoError):
+    """Replay mode found no recorded answer: the test's prompt changed. Raised, not turned
+    into an invalid proposal, because a silently different test is worse than a failing one."""
+
+# The JSON schema of the running program's outputs, for engines that can force it.
+_OUTPUT_SCHEMA: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "coevo_output_schema", default=None)
+
+
+class ProposerModel(BaseModel):
+    """Which model proposers run on, separate from the policy's `model` block."""
+
+    model_config = ConfigDict(extra="forbid")
+    backend: str = "embedded"  # a load_backend spec
+    options: dict[str, Any] = Field(default_factory=dict)  # its constructor options
+    max_tokens: int = Field(768, ge=16, le=16384)
+    temperature: float = Field(0.7, ge=0.0, le=2.0)
+    top_p: float = Field(0.95, gt=0.0, le=1.0)
+    top_k: int = Field(50, ge=0)
+    seed: int | None = 0
+    json_schema: bool = False  # llamacpp only: force the signature's JSON with a grammar
+
+    @classmethod
+    def parse(cls, model: "ProposerModel | str | dict[str, Any] | None") -> "ProposerModel":
+        if model is None:
+            return cls()
+        if isinstance(model, ProposerModel):
+            return model
+        if isinstance(model, str):
+            return cls(backend=model)
+        try:
+            return cls.model_validate(model)
+        except ValueError as e:
+            raise CoevoError(f"proposer model: {e}") from None
+
+
+class ProgramCall(BaseModel):
+    """One run of a DSPy program: its parsed outputs, or why there are none."""
+
+    model_config = ConfigDict(extra="forbid")
+    outputs: dict[str, Any] | None = None
+    prompt: str = ""  # the exact messages sent (JSON), for audit
+    raw_output: str = ""
+    error: str | None = None
+    model: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.outputs is not None and self.error is None
+
+
+# --- cassettes -----------------------------------------------------------------------------------
+
+
+def exchange_key(messages: list[dict[str, Any]], sampling: dict[str, Any]) -> str:
+    """sha256 of the canonical request: what the model saw and how it was asked to sample."""
+    blob = json.dumps({"messages": messages, "sampling": sampling}, sort_keys=True,
+                      ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+class Cassette:
+    """A JSONL file of {key, messages, sampling, output} exchanges (see module docstring)."""
+
+    def __init__(self, path: str | Path, mode: CassetteMode = "auto"):
+        if mode not in ("record", "replay", "auto", "off"):
+            raise CoevoError(f"cassette {path}: mode must be record, replay, auto or off, not {mode!r}")
+        self.path, self.mode = Path(path), mode
+        self._lock = threading.Lock()
+        self._answers: dict[str, str] = {}
+        if mode in ("replay", "auto") and self.path.exists():
+            for n, line in enumerate(self.path.read_text(encoding="utf-8").splitlines(), 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                    self._answers[row["key"]] = row["output"]
+                except (ValueError, KeyError, TypeError) as e:
+                    raise CoevoError(f"cassette {self.path}: line {n}: not an exchange ({e})") from None
+        elif mode == "replay":
+            raise CoevoError(f"cassette {self.path}: replay mode but the file does not exist")
+
+    def lookup(self, key: str) -> str | None:
+        return self._answers.get(key) if self.mode in ("replay", "auto") else None
+
+    def miss(self, key: str) -> None:
+        if self.mode == "replay":
+            raise CassetteMiss(f"cassette {self.path}: no recorded exchange for request {key[:16]} "
+                             "(re-record with mode=record, or the prompt changed)")
+
+    def record(self, key: str, messages: list[dict[str, Any]], sampling: dict[str, Any],
+               output: str) -> None:
+        if self.mode not in ("record", "auto"):
+            return
+        row = {"key": key, "messages": messages, "sampling": sampling, "output": output}
+        with self._lock:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            self._answers[key] = output
+
+
+# --- the engine ----------------------------------------------------------------------------------
+
+
+def _text(parts: Any) -> str:
+    if parts is None:
+        return ""
+    if isinstance(parts, str):
+        return parts
+    return "".join(getattr(p, "text", "") or "" for p in parts)
+
+
+def request_messages(request: Any) -> list[dict[str, Any]]:
+    """A dspy.lm15.Request as OpenAI-style chat messages (system first)."""
+    out = []
+    if request.system is not None:
+        out.append({"role": "system", "content": _text(request.system)})
+    out.extend({"role": m.role, "content": m.text or ""} for m in request.messages)
+    return out
+
+
+class BackendEngine:
+    """A DSPy engine over a coevo Backend, optionally behind a cassette.
+
+    The backend is built lazily (a replayed test never loads a model). `backend=` injects an
+    already built one (the loop's tiny test models; a shared vLLM engine)."""
+
+    def __init__(self, model: ProposerModel, cassette: Cassette | None = None,
+                 backend: Any = None):
+        self.model, self.cassette, self._backend = model, cassette, backend
+        self._by_schema: dict[str, Any] = {}
+        self.calls = 0  # model calls actually made (cassette hits excluded)
+
+    @property
+    def name(self) -> str:
+        return getattr(self._backend, "name", None) or self.model.backend
+
+    def backend(self) -> Any:
+        schema = _OUTPUT_SCHEMA.get()
+        if self.model.json_schema and schema is not None:
+            key = json.dumps(schema, sort_keys=True)
+            if key not in self._by_schema:
+                from coevo.models.registry import load_backend
+
+                if not self.model.backend.startswith("llamacpp"):
+                    raise CoevoError(f"proposer model {self.model.backend!r}: json_schema needs "
+                                     "the llamacpp backend (a grammar forces the JSON)")
+                self._by_schema[key] = load_backend(self.model.backend, json_schema=schema,
+                                                    **self.model.options)
+            return self._by_schema[key]
+        if self._backend is None:
+            from coevo.models.registry import load_backend
+
+            self._backend = load_backend(self.model.backend, **self.model.options)
+        return self._backend
+
+    def sampling(self, request: Any) -> Sampling:
+        cfg, m = request.config, self.model
+        return Sampling(
+            temperature=m.temperature if cfg.temperature is None else cfg.temperature,
+            top_p=m.top_p if cfg.top_p is None else cfg.top_p,
+            top_k=m.top_k if cfg.top_k is None else cfg.top_k,
+            max_new_tokens=cfg.max_tokens or m.max_tokens, stop=list(cfg.stop or ()),
+            seed=m.seed if cfg.seed is None else cfg.seed)
+
+    def complete(self, request: Any) -> Response:
+        messages = request_messages(request)
+        sampling = self.sampling(request)
+        key = exchange_key(messages, sampling.model_dump(mode="json"))
+        output = self.cassette.lookup(key) if self.cassette else None
+        if output is None:
+            if self.cassette:
+                self.cassette.miss(key)
+            output = self._generate(messages, sampling)
+            if self.cassette:
+                self.cassette.record(key, messages, sampling.model_dump(mode="json"), output)
+        return Response(id=None, model=self.name, message=Message.assistant([TextPart(output)]),
+                        finish_reason="stop", usage=Usage(input_tokens=0, output_tokens=0,
+                                                          total_tokens=0))
+
+    def _generate(self, messages: list[dict[str, Any]], sampling: Sampling) -> str:
+        self.calls += 1
+        [[c]] = self.backend().generate([Request(messages=messages, sampling=sampling)])
+        if c.finish_reason == "error":
+            # An infrastructure failure of the proposer model: the proposal is invalid with
+            # this reason (run_program reports it), the round goes on.
+            raise CoevoError(f"proposer model {self.name}: {c.error or 'generation failed'}")
+        return c.text
+
+    def stream(self, request: Any):  # DSPy asks for it; proposers never stream
+        from dspy.lm15 import response_to_events
+
+        return response_to_events(self.complete(request))
+
+    def close(self) -> None:
+        pass
+
+
+def proposer_lm(model: ProposerModel | str | dict[str, Any] | None = None, *,
+                cassette: str | Path | None = None, mode: CassetteMode = "auto",
+                backend: Any = None) -> dspy.LM:
+    """A dspy.LM that runs on a coevo backend (see the module docstring).
+
+    model: a ProposerModel, a backend spec ("embedded", "openai:http://host/v1", ...) or a
+    dict of ProposerModel fields. cassette: a .jsonl path for record/replay. backend: an
+    already built Backend to use instead of loading `model.backend`."""
+    spec = ProposerModel.parse(model)
+    tape = Cassette(cassette, mode) if cassette is not None and mode != "off" else None
+    engine = BackendEngine(spec, tape, backend)
+    # "coevo/..." is only a label: a custom engine owns the connection, DSPy never routes it.
+    lm = dspy.LM(f"coevo/{spec.backend.split(':', 1)[0]}", engine=engine, cache=False,
+                 temperature=spec.temperature, max_tokens=spec.max_tokens)
+    lm.coevo_engine = engine  # type: ignore[attr-defined]  (call counts, the model's name)
+    return lm
+
+
+def output_schema(signature: type[dspy.Signature]) -> dict[str, Any]:
+    """The JSON schema of a signature's output fields (what JSONAdapter asks the model for)."""
+    from pydantic import create_model
+
+    fields = {name: (f.annotation, ...) for name, f in signature.output_fields.items()}
+    return create_model(f"{signature.__name__}Output", **fields).model_json_schema()  # type: ignore[call-overload]
+
+
+def run_program(lm: dspy.LM, program: Any, **inputs: Any) -> ProgramCall:
+    """Run a DSPy program once on `lm` with the JSON adapter; never raises for a model that
+    failed to follow the format or a proposer model that failed (see the module docstring)."""
+    signature = getattr(program, "signature", None)
+    token = _OUTPUT_SCHEMA.set(output_schema(signature) if signature is not None else None)
+    start = len(lm.history)
+    engine = getattr(lm, "coevo_engine", None)
+    name = engine.name if engine is not None else str(lm.model)
+    error, outputs = None, None
+    try:
+        with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
+            pred = program(**inputs)
+        outputs = dict(pred.toDict())
+    except AdapterParseError as e:
+        error = "the proposer model's output is not the requested JSON: " + _first_line(e)
+    except CoevoError as e:
+        error = str(e)
+    except DSPyError as e:  # DSPy wraps what the engine raised
+        cause = e.__cause__
+        if isinstance(cause, CassetteMiss):
+            raise cause from None
+        error = str(cause) if isinstance(cause, CoevoError) else f"proposer LM call failed: {_first_line(e)}"
+    except (ValueError, TypeError) as e:  # pydantic/DSPy field coercion of a parsed output
+        error = f"the proposer model's output does not fit the signature: {_first_line(e)}"
+    finally:
+        _OUTPUT_SCHEMA.reset(token)
+    prompt, raw = _exchange(lm.history[start:])
+    if error is None and outputs is None:
+        error = "the program returned nothing"
+    return ProgramCall(outputs=outputs, prompt=prompt, raw_output=raw, error=error, model=name)
+
+
+def _first_line(e: Exception) -> str:
+    text = " ".join(str(e).split())
+    return text[:300]
+
+
+def _exchange(entries: list[dict[str, Any]]) -> tuple[str, str]:
+    """The prompt and raw output of the calls in `entries` (the last one if several)."""
+    if not entries:
+        return "", ""
+    last = entries[-1]
+    outs = last.get("outputs") or []
+    raw = outs[0] if outs else ""
+    raw = raw if isinstance(raw, str) else json.dumps(raw, default=str)
+    return json.dumps(last.get("messages") or [], ensure_ascii=False, indent=1), raw

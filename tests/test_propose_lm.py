@@ -1,0 +1,165 @@
+"""The proposer LM (DSPy over coevo backends, cassettes) and the round digest."""
+
+from __future__ import annotations
+
+import json
+
+import dspy
+import pytest
+
+from coevo.assets.harness import Harness
+from coevo.errors import CoevoError
+from coevo.models.base import Completion
+from coevo.propose.digest import PREAMBLE, digest, shorten, transcript
+from coevo.propose.lm import CassetteMiss, ProposerModel, output_schema, proposer_lm, run_program
+from coevo.trajectory import Trajectory
+
+
+class Scripted:
+    """A coevo Backend answering from a list, recording what it was asked."""
+
+    name, tokenizer = "scripted-proposer", None
+
+    def __init__(self, *answers: str, fail: bool = False):
+        self.answers, self.fail, self.requests = list(answers), fail, []
+
+    def generate(self, requests):
+        self.requests.extend(requests)
+        if self.fail:
+            return [[Completion(text="", finish_reason="error", error="server down",
+                                trainable=False)] for _ in requests]
+        return [[Completion(text=self.answers.pop(0), trainable=False)] for _ in requests]
+
+
+class Revise(dspy.Signature):
+    """Revise the text."""
+
+    text: str = dspy.InputField()
+    revised: str = dspy.OutputField()
+    confidence: float = dspy.OutputField()
+
+
+def test_program_outputs_prompt_and_sampling_reach_the_backend():
+    b = Scripted('{"revised": "better", "confidence": 0.8}')
+    lm = proposer_lm({"backend": "embedded", "temperature": 0.3, "max_tokens": 99, "seed": 7},
+                     backend=b)
+    call = run_program(lm, dspy.Predict(Revise), text="draft one")
+    assert call.ok and call.outputs == {"revised": "better", "confidence": 0.8}
+    assert call.model == "scripted-proposer"
+    assert call.raw_output == '{"revised": "better", "confidence": 0.8}'
+    sent = json.loads(call.prompt)
+    assert sent[0]["role"] == "system" and "draft one" in sent[-1]["content"]
+    [req] = b.requests
+    assert req.sampling.temperature == 0.3 and req.sampling.max_new_tokens == 99
+    assert req.sampling.seed == 7 and req.messages == sent
+
+
+@pytest.mark.parametrize("answer, fragment", [
+    ("Sure! Here is a better text: better.", "not the requested JSON"),
+    ('{"revised": "x", "confidence": "very"}', "JSON"),
+])
+def test_bad_model_output_is_an_error_with_the_raw_output_not_a_crash(answer, fragment):
+    call = run_program(proposer_lm(backend=Scripted(answer, answer, answer)),
+                       dspy.Predict(Revise), text="t")
+    assert not call.ok and call.outputs is None
+    assert fragment in call.error
+    assert call.raw_output == answer
+
+
+def test_backend_failure_is_an_error_naming_the_model():
+    call = run_program(proposer_lm(backend=Scripted(fail=True)), dspy.Predict(Revise), text="t")
+    assert not call.ok and "scripted-proposer" in call.error and "server down" in call.error
+
+
+def test_cassette_records_then_replays_without_a_model(tmp_path):
+    tape = tmp_path / "c.jsonl"
+    b = Scripted('{"revised": "r1", "confidence": 0.5}')
+    first = run_program(proposer_lm(backend=b, cassette=tape, mode="record"),
+                        dspy.Predict(Revise), text="abc")
+    rows = [json.loads(x) for x in tape.read_text().splitlines()]
+    assert len(rows) == 1 and rows[0]["output"] == first.raw_output
+    # Replay: no backend at all (it would load the embedded model if it were called).
+    lm = proposer_lm("embedded", cassette=tape, mode="replay")
+    again = run_program(lm, dspy.Predict(Revise), text="abc")
+    assert again.outputs == first.outputs and again.prompt == first.prompt
+    assert lm.coevo_engine.calls == 0
+    with pytest.raises(CassetteMiss, match="no recorded exchange"):
+        run_program(lm, dspy.Predict(Revise), text="a different prompt")
+
+
+def test_auto_mode_records_only_misses(tmp_path):
+    tape = tmp_path / "c.jsonl"
+    b = Scripted('{"revised": "a", "confidence": 1.0}', '{"revised": "b", "confidence": 0.0}')
+    lm = proposer_lm(backend=b, cassette=tape, mode="auto")
+    x = run_program(lm, dspy.Predict(Revise), text="one")
+    y = run_program(lm, dspy.Predict(Revise), text="one")
+    z = run_program(lm, dspy.Predict(Revise), text="two")
+    assert x.outputs == y.outputs and z.outputs["revised"] == "b"
+    assert lm.coevo_engine.calls == 2 and len(tape.read_text().splitlines()) == 2
+
+
+def test_bad_cassette_and_model_spec_are_clear_errors(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"key": "k", "output": "x"}\nnot json\n')
+    with pytest.raises(CoevoError, match=r"bad.jsonl: line 2"):
+        proposer_lm(cassette=bad, mode="replay")
+    with pytest.raises(CoevoError, match="does not exist"):
+        proposer_lm(cassette=tmp_path / "missing.jsonl", mode="replay")
+    with pytest.raises(CoevoError, match="proposer model"):
+        ProposerModel.parse({"backend": "embedded", "temprature": 1})
+
+
+def test_output_schema_lists_the_signature_outputs():
+    schema = output_schema(Revise)
+    assert set(schema["required"]) == {"revised", "confidence"}
+    assert schema["properties"]["confidence"]["type"] == "number"
+
+
+# --- digest -------------------------------------------------------------------------------------
+
+
+def _traj(i: int, success: bool, criteria: dict[str, float], text: str, harness=None) -> Trajectory:
+    sys_and_demo = [{"role": "system", "content": "SYSTEM"}]
+    if harness is not None:
+        sys_and_demo += harness.demo_messages()
+    return Trajectory(id=f"t{i}", env="rg:x", task_id=f"task-{i % 5}", outcome=float(success),
+                      success=success, reward=float(success) + sum(criteria.values()) / 10,
+                      criteria=criteria, harness=harness.hash if harness else None,
+                      messages=sys_and_demo + [{"role": "user", "content": f"question {i}"},
+                                               {"role": "assistant", "content": text}])
+
+
+def test_digest_statistics_and_sampling():
+    h = Harness.model_validate({"name": "h", "system_prompt": "SYSTEM", "demos": [
+        {"messages": [{"role": "user", "content": "DEMO Q"}, {"role": "assistant", "content": "DEMO A"}]}]})
+    trajs = [_traj(i, i % 4 == 0, {"fmt": float(i % 2), "named": 0.0}, f"answer {i}", h)
+             for i in range(20)]
+    trajs.append(Trajectory(env="rg:x", task_id="task-9", status="infra_error"))
+    d = digest(trajs, {h.hash: h}, n_fail=3, n_success=2, seed=1)
+    assert d.n == 20 and d.infra_failures == 1
+    assert d.success_rate == pytest.approx(5 / 20)
+    assert d.criterion_pass_rates == {"fmt": 0.5, "named": 0.0}
+    assert len(d.failures) == 3 and len({s.task_id for s in d.failures}) == 3
+    assert not any(s.success for s in d.failures) and all(s.success for s in d.successes)
+    # failure signatures differ: fmt failed+named failed vs only named failed
+    assert len({tuple(sorted(k for k, v in s.criteria.items() if v < 0.5)) for s in d.failures}) == 2
+    text = d.text(max_chars=4000)
+    assert "SYSTEM" not in text and "DEMO Q" not in text  # the harness's own parts are dropped
+    assert PREAMBLE in text and text.count("<<<TRAJECTORY") == 5
+    assert "fmt 50%" in text
+    assert digest(trajs, {h.hash: h}, n_fail=3, seed=1) == d  # seeded: reproducible
+
+
+def test_digest_text_respects_its_length_budget():
+    trajs = [_traj(i, False, {}, "x" * 5000) for i in range(6)]
+    d = digest(trajs, n_fail=6, max_chars=500)
+    assert all(len(s.transcript) <= 500 for s in d.failures)
+    text = d.text(max_chars=1500)
+    assert len(text) <= 1500 + 600 and "left out for length" in text
+
+
+def test_shorten_keeps_head_and_tail():
+    s = shorten("HEAD" + "m" * 1000 + "TAIL", 100)
+    assert s.startswith("HEAD") and s.endswith("TAIL") and len(s) <= 110
+    t = _traj(1, True, {}, "final answer 42")
+    assert transcript(t, None).endswith("[assistant] final answer 42")
