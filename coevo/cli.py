@@ -488,9 +488,22 @@ def _run_and_summarise(cfg, store, resume: Optional[str]) -> None:
     t0 = time.perf_counter()
     res = run_coevolution(cfg, store, resume=resume, progress=lambda m: console.print(m, highlight=False))
     console.print(f"\n[bold]run {res.name}[/bold] ({res.run[:12]}) finished in {time.perf_counter() - t0:.0f} s")
+    def score(summary: dict, key: str) -> str:
+        val, ci = summary.get(f"{key}_score"), summary.get(f"{key}_ci") or [None, None]
+        if val is None:
+            return "n/a"
+        return f"{val:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if None not in ci else "")
+
+    if res.rounds and "val_start_score" in res.rounds[0]:
+        console.print(f"val before: {score(res.rounds[0], 'val_start')} (seed assets, base model)",
+                      highlight=False)
     for i, summary in enumerate(res.rounds):
-        val = summary.get("val_score")
-        console.print(f"round {i}: val {val if val is None else f'{val:.3f}'}", highlight=False)
+        spent = summary.get("spent", {})
+        console.print(f"round {i}: val {score(summary, 'val')}, {len(summary.get('accepted', []))} "
+                      f"accepted, {spent.get('rollouts', 0):.0f} rollouts", highlight=False)
+    if res.rounds:
+        console.print(f"val after: {score(res.rounds[-1], 'val')} (final incumbent and checkpoint)",
+                      highlight=False)
     for p in store.proposals(run=res.run):
         reason = (p.error or "")
         decisions = store.decisions(p.id)

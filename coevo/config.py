@@ -64,6 +64,9 @@ class Splits(_Block):
     val_samples: int = Field(1, ge=1)  # episodes per val task and arm (averaged per task)
     test_n: int | None = Field(None, ge=1)
     test_samples: int = Field(1, ge=1)
+    # Score the incumbent on the whole val split at the start and after every round (the
+    # val curve; not used by any decision, charged as eval_rollouts).
+    track_val: bool = True
 
 
 class Budgets(_Block):

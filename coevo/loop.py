@@ -156,6 +156,8 @@ def run_coevolution(cfg: RunConfig, store: Any, parts: Parts | None = None, *,
     run, incumbent, start = open_run(cfg, store, parts, resume, progress or log.info)
     for r in range(start, cfg.rounds):
         begin_round(run, r)
+        if r == 0:
+            track_val(run, r, incumbent, "val_start")              # the seed, before any change
         incumbent = rl_step(run, r, incumbent)                     # C, held fixed from here on
         kill_point(f"after_rl:{r}")
         trajs = run.store.trajectories(run.id, round=r, split="train")
@@ -266,11 +268,41 @@ def end_round(run: _Run, r: int, incumbent: Incumbent, accepted: list[Candidate]
                   if x.status == "done" and x.index > r - patience]
         if not accepted and len(recent) == patience - 1 and not any(recent):
             stop = f"no accepted proposal in the last {patience} rounds"
-    summary = {"incumbent": incumbent.hashes(), "accepted": [c.hash for c in accepted],
+    summary = {**run.store.get_round(run.id, r).summary, **track_val(run, r, incumbent, "val"),
+               "incumbent": incumbent.hashes(), "accepted": [c.hash for c in accepted],
                "spent": run.store.budget_totals(run.id, round=r), "stop": stop}
     run.store.finish_round(run.id, r, "done", summary=summary)
     run.progress(f"round {r}: done, {len(accepted)} accepted" + (f"; stopping: {stop}" if stop else ""))
     return stop
+
+
+def track_val(run: _Run, r: int, incumbent: Incumbent, key: str) -> dict[str, Any]:
+    """The incumbent's score on the whole val split (the val curve of the report and the
+    quickstart's before/after), stored in round r's summary as `<key>_score` and
+    `evaluations[key]`. Measurement, not part of the algorithm: it uses the loop's fixed
+    seed (the same per-task seeds every round, so rounds compare), never feeds a decision,
+    and is charged as `eval_rollouts`, apart from the budgets the modes are matched on.
+    Idempotent: the evaluation id is written to the running round before anything else, so
+    a resumed round reuses it."""
+    if not run.cfg.splits.track_val:
+        return {}
+    summary = run.store.get_round(run.id, r).summary
+    evs = dict(summary.get("evaluations") or {})
+    if key in evs:
+        rec = run.store.get_evaluation(evs[key])
+        res = EvalResult.model_validate({**rec.summary, "evaluation": rec.id})
+    else:
+        res = evaluate(run.store, run.parts.env, incumbent.agent_assets(), run.parts.backend,
+                       tasks=run.val, split="val", samples=run.cfg.splits.val_samples,
+                       seed=run.cfg.seed, checkpoint=incumbent.checkpoint, run=run.id, round=r)
+        evs[key] = res.evaluation
+        with run.store.transaction():
+            run.store.add_budget(run.id, "eval_rollouts", res.n_episodes, round=r)
+            run.store.finish_round(run.id, r, "running", summary={
+                **summary, "evaluations": evs, f"{key}_score": res.mean,
+                f"{key}_ci": [res.ci_low, res.ci_high]})
+        run.progress(f"round {r}: {key} {res.line()}")
+    return {"evaluations": evs, f"{key}_score": res.mean, f"{key}_ci": [res.ci_low, res.ci_high]}
 
 
 def over_budget(store: Any, run: str, r: int, budgets: Budgets) -> str | None:
@@ -295,11 +327,25 @@ def rl_step(run: _Run, r: int, incumbent: Incumbent) -> Incumbent:
 
     p = run.parts
     res = rl_stage(run.store, run.id, r, p.env, incumbent.agent_assets(), p.trainer,
-                   run.cfg.rl.stage, tokenizer=p.tokenizer, resume=True, backend=p.rl_backend)
+                   run.cfg.rl.stage, tokenizer=p.tokenizer, resume=True, backend=p.rl_backend,
+                   on_step=lambda e: log_rl_step(run, r, e))
     if p.live_eval and res.checkpoint is not None:
         p.backend.adapter = run.store.get_checkpoint(res.checkpoint).path  # already in memory
     run.progress(f"round {r}: RL steps {res.start_step}..{res.end_step}, checkpoint {res.checkpoint}")
     return incumbent.with_checkpoint(res.checkpoint)
+
+
+def log_rl_step(run: _Run, r: int, entry: Any) -> None:
+    """Append an RL step's log (reward, signal fraction, loss, KL, checkpoint) to the running
+    round's summary as it happens, so a crashed stage keeps the steps it did (keyed by step:
+    a redone step replaces its entry)."""
+    summary = run.store.get_round(run.id, r).summary
+    steps = [x for x in summary.get("rl_steps", []) if x.get("step") != entry.step]
+    update = {"rl_steps": [*steps, entry.model_dump(mode="json")]}
+    if entry.checkpoint:
+        update["checkpoint"] = entry.checkpoint
+        update["checkpoints"] = [*summary.get("checkpoints", []), entry.checkpoint]
+    run.store.finish_round(run.id, r, "running", summary={**summary, **update})
 
 
 def collect_train_rollouts(run: _Run, r: int, incumbent: Incumbent) -> None:
@@ -497,7 +543,10 @@ def final_step(run: _Run, incumbent: Incumbent) -> EvalResult | None:
                    split="test", samples=run.cfg.splits.test_samples, seed=run.cfg.seed,
                    checkpoint=incumbent.checkpoint, run=run.id)
     with store.transaction():
-        store.finish_round(run.id, last, "done", summary={**summary, "final_evaluation": res.evaluation})
+        store.finish_round(run.id, last, "done", summary={
+            **summary, "final_evaluation": res.evaluation, "test_score": res.mean,
+            "test_ci": [res.ci_low, res.ci_high],
+            "evaluations": {**summary.get("evaluations", {}), "test": res.evaluation}})
         store.set_run_status(run.id, "done")
     run.progress(f"final: {res.line()}")
     return res

@@ -127,7 +127,11 @@ def test_ungated_accepts_every_valid_candidate_without_evaluating(tmp_path):
     props = store.proposals(res.run)
     assert [p.status for p in props] == ["accepted", "accepted"]
     assert all(store.decisions(p.id)[0].policy == "ungated" for p in props)
-    assert not store.trajectories(res.run, split="val")  # no gate evaluation at all
+    assert not any(store.decisions(p.id)[0].evidence for p in props)  # nothing was gated
+    # The only val episodes are the val-curve measurements (seed, end of round 0), charged
+    # apart from the gate's budget.
+    assert len(store.trajectories(res.run, split="val")) == 2 * 12
+    assert store.budget_totals(res.run)["eval_rollouts"] == 2 * 12
     # Two harness children of one parent: the later one is what the incumbent keeps.
     assert res.incumbent["harness"] == props[-1].candidate
 
@@ -229,3 +233,23 @@ def test_config_errors_name_the_key(tmp_path, override, field):
 def test_quickstart_config_is_valid():
     cfg = RunConfig.load(Path(__file__).resolve().parent.parent / "training" / "quickstart.yaml")
     assert cfg.mode == "gated" and [p.name for p in cfg.proposers] == ["demos"]
+
+
+def test_rounds_record_the_val_curve_and_rl_steps(tmp_path):
+    """Seed score before round 0, the incumbent's score after each round, the RL step logs
+    (reward, signal fraction) and the test score: what `coevo runs show` and the report read."""
+    _, store, _, res = _run(tmp_path, "gated")
+    [r0] = store.rounds(res.run)
+    s = r0.summary
+    # The seed harness scores 0 (no HINT); the accepted revision scores 1 on every val task.
+    assert s["val_start_score"] == 0.0 and s["val_score"] == 1.0
+    assert set(s["evaluations"]) == {"val_start", "val", "test"}
+    assert store.get_evaluation(s["evaluations"]["val"]).harness == res.incumbent["harness"]
+    assert s["test_score"] == res.final.mean == 1.0
+    [step] = s["rl_steps"]
+    assert step["step"] == 1 and 0.0 <= step["signal_fraction"] <= 1.0
+    assert s["checkpoint"] == res.incumbent["checkpoint"] == s["checkpoints"][-1]
+    from coevo.audit import round_rows
+
+    [row] = round_rows(store, res.run)
+    assert row.val_score == 1.0 and row.test_score == 1.0
