@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from coevo.errors import AssetError
 from coevo.gate import GatePolicy
+from coevo.validity import ValidityPolicy
 from coevo.rl.config import TrainConfig
 from coevo.rl.stage import StageConfig
 
@@ -94,6 +95,7 @@ class RunConfig(_Block):
     rl: RLSettings = Field(default_factory=RLSettings)
     proposers: list[ProposerSpec] = Field(default_factory=lambda: [ProposerSpec(name="demos")])
     gate: GatePolicy = Field(default_factory=GatePolicy)
+    validity: ValidityPolicy = Field(default_factory=ValidityPolicy)  # how rubric candidates are gated
     splits: Splits = Field(default_factory=Splits)
     budgets: Budgets = Field(default_factory=Budgets)
     final_test: bool = True  # evaluate the final incumbent on the test split once

@@ -437,16 +437,17 @@ def gate_step(run: _Run, r: int, incumbent: Incumbent,
     verdicts = (judge_gated if run.mode.gated else judge_ungated)(run, r, incumbent, pending)
     with run.store.transaction():
         for (pid, _), (decision, evidence) in zip(pending, verdicts):
-            rows = [{"task_id": p.task_id, "sample": p.sample, "incumbent": p.incumbent,
-                     "candidate": p.candidate, "status": p.status}
-                    for p in (evidence.pairs if evidence else [])]
+            rows = evidence if isinstance(evidence, list) else [
+                {"task_id": p.task_id, "sample": p.sample, "incumbent": p.incumbent,
+                 "candidate": p.candidate, "status": p.status}
+                for p in (evidence.pairs if evidence else [])]
             run.store.add_decision(pid, policy=decision.policy, accepted=decision.accepted,
                                    reason=decision.reason, statistic=decision.statistic,
                                    rollouts=decision.rollouts, evidence=rows)
     return [c for (_, c), (d, _) in zip(pending, verdicts) if d.accepted]
 
 
-Verdict = tuple[Decision, Evidence | None]
+Verdict = tuple[Decision, Evidence | list[dict[str, Any]] | None]  # rows: a rubric's validity
 
 
 def judge_ungated(run: _Run, r: int, incumbent: Incumbent,
@@ -463,6 +464,7 @@ def judge_gated(run: _Run, r: int, incumbent: Incumbent,
     """Sequential compare of each candidate with the round-start incumbent under C, then Holm
     across the compared ones (module docstring), then one winner per asset kind."""
     cache: dict[str, Any] = {}  # incumbent arm: task id -> score, shared by the candidates
+    evaluations: list[str] = []  # the incumbent arm's evaluations (their episodes, for rubrics)
     tested: list[tuple[int, Evidence]] = []
     out: list[Verdict | None] = [None] * len(pending)
     for i, (_, cand) in enumerate(pending):
@@ -471,7 +473,10 @@ def judge_gated(run: _Run, r: int, incumbent: Incumbent,
             out[i] = (Decision(accepted=False, reason=f"not gated: round budget exhausted "
                                f"({exhausted})", statistic={}, policy="budget", rollouts=0), None)
             continue
-        arm = _ArmRunner(run, r, incumbent, incumbent.with_candidate(cand), cache)
+        if cand.kind == "rubric":
+            out[i] = judge_rubric(run, r, incumbent, cand, cache, evaluations)
+            continue
+        arm = _ArmRunner(run, r, incumbent, incumbent.with_candidate(cand), cache, evaluations)
         evidence, _ = compare(arm, run.val, run.cfg.gate, seed=run.cfg.seed + r,
                               test_guard=run.test_ids)
         tested.append((i, evidence))
@@ -483,12 +488,38 @@ def judge_gated(run: _Run, r: int, incumbent: Incumbent,
     return out  # type: ignore[return-value]
 
 
+def judge_rubric(run: _Run, r: int, incumbent: Incumbent, cand: Candidate,
+                 cache: dict[str, Any], evaluations: list[str]) -> Verdict:
+    """A rubric is never gated on its own scores (a policy can always score higher on the
+    rubric it is trained against): it is gated on predictive validity (`coevo.validity`) on
+    the incumbent arm's val episodes under C, whose outcomes the verifier confirmed. Those
+    are the same episodes the harness candidates are compared on (the cache), completed to
+    the whole val split; no candidate episodes are spent. Not part of the Holm family: the
+    validity test has no sign-test p-value, it controls its own bootstrap level."""
+    from coevo.validity import validity_decision
+
+    if incumbent.rubric is None:
+        return (Decision(accepted=False, reason="the incumbent has no rubric to compare with",
+                         statistic={}, policy="validity", rollouts=0), [])
+    arm = _ArmRunner(run, r, incumbent, incumbent, cache, evaluations)
+    before = run.store.budget_totals(run.id, round=r).get("rollouts", 0.0)
+    arm("incumbent", run.val, [0] * len(run.val))  # fills the cache for every val task
+    spent = int(run.store.budget_totals(run.id, round=r).get("rollouts", 0.0) - before)
+    trajs = [t for e in evaluations for t in run.store.trajectories(evaluation=e)]
+    d, rows = validity_decision(incumbent.rubric, cand.asset, trajs, run.parts.env,
+                                run.cfg.validity)
+    return d.model_copy(update={"rollouts": spent}), rows
+
+
 def _one_winner_per_kind(out: list[Any], cands: list[Candidate]) -> None:
+    def gain(d: Decision) -> float:
+        return d.statistic.get("mean_diff", d.statistic.get("auc_diff", 0.0))
+
     best: dict[str, int] = {}
     for i, (d, _) in enumerate(out):
         if d.accepted:
             k = cands[i].kind
-            if k not in best or d.statistic.get("mean_diff", 0) > out[best[k]][0].statistic.get("mean_diff", 0):
+            if k not in best or gain(d) > gain(out[best[k]][0]):
                 best[k] = i
     for i, (d, ev) in enumerate(out):
         if d.accepted and best[cands[i].kind] != i:
@@ -500,8 +531,10 @@ class _ArmRunner:
     """The gate's run_arm: evaluate() on val tasks under checkpoint C for either arm, with the
     round's fixed base seed (so both arms see the same per-task seeds)."""
 
-    def __init__(self, run: _Run, r: int, inc: Incumbent, cand: Incumbent, cache: dict[str, Any]):
+    def __init__(self, run: _Run, r: int, inc: Incumbent, cand: Incumbent, cache: dict[str, Any],
+                 evaluations: list[str] | None = None):
         self.run, self.r, self.inc, self.cand, self.cache = run, r, inc, cand, cache
+        self.evaluations = evaluations if evaluations is not None else []
 
     def __call__(self, arm: str, tasks: list[Any], seeds: list[int]) -> list[Any]:
         use_cache = arm == "incumbent"
@@ -519,12 +552,20 @@ class _ArmRunner:
                        seed=run.cfg.gate.seed + self.r, checkpoint=who.checkpoint,
                        run=run.id, round=self.r)
         _charge(run, self.r, res)
+        if who is self.inc:
+            self.evaluations.append(res.evaluation)
         return {t.task_id: None if t.outcome is None else
-                {"outcome": t.outcome, "partial": _unit(t.reward)} for t in res.tasks}
+                {"outcome": t.outcome, "partial": _unit(t.reward, who.rubric)} for t in res.tasks}
 
 
-def _unit(x: float | None) -> float | None:
-    return None if x is None or not 0.0 <= x <= 1.0 else float(x)
+def _unit(reward: float | None, rubric: Any) -> float | None:
+    """The reward on [0, 1] for the `soft` gate: outcome_weight * outcome + partial credit
+    (each in [0, 1]) over its maximum, outcome_weight + 1 (the outcome itself without a rubric)."""
+    if reward is None:
+        return None
+    top = 1.0 if rubric is None else rubric.outcome_weight + (1.0 if rubric.criteria else 0.0)
+    x = reward / top if top > 0 else 0.0
+    return min(max(float(x), 0.0), 1.0)
 
 
 def final_step(run: _Run, incumbent: Incumbent) -> EvalResult | None:

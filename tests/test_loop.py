@@ -253,3 +253,65 @@ def test_rounds_record_the_val_curve_and_rl_steps(tmp_path):
 
     [row] = round_rows(store, res.run)
     assert row.val_score == 1.0 and row.test_score == 1.0
+
+
+class ParityPolicy(ScriptedPolicy):
+    """Passes the even tasks ("a fine") and fails the odd ones ("zz"), whatever the harness:
+    the val split has both outcomes, so a rubric's predictive validity can be measured."""
+
+    def _reply(self, request, index):
+        import re
+
+        prompt = self.tokenizer.decode(request.prompt_ids)
+        n = int(re.findall(r"about (\d+)\.", prompt)[-1])
+        return "a fine" if n % 2 == 0 else "zz"
+
+
+def _rubric_cand(cid: str, pattern: str) -> dict:
+    return {"kind": "rubric", "rationale": f"pay for {pattern!r}", "changes": {"criteria": [
+        {"id": cid, "kind": "regex", "weight": 1.0, "params": {"pattern": pattern}}]}}
+
+
+def test_rubric_candidates_are_gated_on_predictive_validity_not_their_own_scores(tmp_path):
+    """Incumbent rubric: pays any word character (uninformative). Candidate A pays a leading
+    'a' (exactly the verified successes); candidate B pays 'z' (exactly the failures, and it
+    would score the policy's current outputs HIGHER than A on half the tasks). Validity
+    accepts A, rejects B, and spends only incumbent episodes."""
+    from coevo.assets.rubric import Rubric
+
+    good, bad = _rubric_cand("leading-a", "^a"), _rubric_cand("has-z", "z")
+    cfg = config(tmp_path, "harness-only", candidates=(good, bad), rounds=1,
+                 assets={"harness": "tiny", "rubric": "flat"}, splits={"val_n": 12, "test_n": 4, "train_n": 4})
+    store, parts = build(tmp_path, cfg, f"sqlite:///{tmp_path / 'loop.db'}")
+    store.put_asset(Rubric.model_validate({"name": "flat", "outcome_weight": 1.0, "criteria": [
+        {"id": "wordy", "kind": "regex", "params": {"pattern": "\\w"}}]}))
+    parts.backend = parts.rl_backend = ParityPolicy(parts.tokenizer)
+    res = run_coevolution(cfg, store, parts)
+    props = _by_rationale(store, res.run)
+    d_good = store.decisions(props[good["rationale"]].id)[0]
+    d_bad = store.decisions(props[bad["rationale"]].id)[0]
+    assert d_good.policy == d_bad.policy == "validity"
+    assert d_good.accepted and not d_bad.accepted
+    assert d_good.statistic["auc_candidate"] == 1.0 and d_good.statistic["auc_incumbent"] == 0.5
+    assert d_bad.statistic["auc_candidate"] == 0.0
+    # Evidence: one row per val episode of the incumbent, partial scores of both rubrics.
+    assert len(d_good.evidence) == 12
+    assert {(e.incumbent, e.candidate) for e in d_good.evidence} == {(1.0, 1.0), (1.0, 0.0)}
+    final = store.get_asset("rubric", res.incumbent["rubric"])
+    assert [c.id for c in final.criteria] == ["leading-a"]
+    # The second rubric candidate reused the first's incumbent episodes: 12 val episodes for
+    # the gate, no candidate arm at all (+ the val-curve measurements).
+    gate_val = store.budget_totals(res.run, round=0)["rollouts"] - 4 * cfg.splits.train_samples
+    assert gate_val == 12
+
+
+def test_soft_gate_scores_are_the_reward_over_its_maximum():
+    """A successful episode's reward is outcome_weight + partial (up to 2): the soft gate
+    must see it as 1.0, not drop it as out of range."""
+    from coevo.assets.rubric import Rubric
+    from coevo.loop import _unit
+
+    r = Rubric.model_validate({"name": "r", "outcome_weight": 1.0, "criteria": [
+        {"id": "named", "kind": "tool_called", "params": {"name_in_offered": True}}]})
+    assert _unit(2.0, r) == 1.0 and _unit(0.5, r) == 0.25 and _unit(0.0, r) == 0.0
+    assert _unit(1.0, None) == 1.0 and _unit(None, r) is None

@@ -15,6 +15,7 @@ from coevo.propose.base import (
 )
 from coevo.propose import demos as _demos  # noqa: F401  (registers "demos")
 from coevo.propose import scripted as _scripted  # noqa: F401  (registers "scripted")
+from coevo.propose import rubrics as _rubrics  # noqa: F401  (registers "rubrics")
 
 __all__ = ["PROPOSERS", "Candidate", "Incumbent", "ProposalContext", "Proposer",
            "check_candidate", "make_proposer"]
