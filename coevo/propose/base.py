@@ -156,11 +156,31 @@ def check_candidate(cand: Candidate, incumbent: Incumbent) -> str | None:
         return f"changes fields outside the {cand.kind} whitelist: {', '.join(bad)}"
     if not changed_fields(old, cand.asset):
         return "changes nothing (same content as the incumbent)"
-    if cand.kind == "skill_library":
-        have = {s.hash for s in [*incumbent.skills, *cand.skills]}
-        missing = [r.name for r in cand.asset.active() if r.hash not in have]  # type: ignore[attr-defined]
-        if missing:
-            return f"library refers to skills it does not carry: {', '.join(missing)}"
+    return member_violations(cand, incumbent)
+
+
+def member_violations(cand: Candidate, incumbent: Incumbent) -> str | None:
+    """Why a skill-library candidate's member skills are not admissible (None: they are).
+
+    A carried skill whose name is an incumbent member must be a child of that member's version
+    changing only `Skill.editable_fields`; any member reference whose version is not in the
+    incumbent must be carried (hidden and retired ones too: the store needs every member)."""
+    if cand.kind != "skill_library" or not isinstance(cand.asset, SkillLibrary):
+        return None
+    old = {s.name: s for s in incumbent.skills}
+    for s in cand.skills:
+        prev = old.get(s.name)
+        if prev is None or prev.hash == s.hash:
+            continue
+        if s.parent != prev.hash:
+            return f"skill {s.name!r}: parent is not the incumbent version {prev.hash[:12]}"
+        bad = forbidden_changes(prev, s)
+        if bad:
+            return f"skill {s.name!r} changes fields outside the skill whitelist: {', '.join(bad)}"
+    have = {s.hash for s in [*incumbent.skills, *cand.skills]}
+    missing = [r.name for r in cand.asset.skills if r.hash not in have]
+    if missing:
+        return f"library refers to skills it does not carry: {', '.join(missing)}"
     return None
 
 
