@@ -110,8 +110,11 @@ def base_config(name: str, small: bool, out: Path, model: str | None,
     if seed_dir and not Path(seed_dir).is_absolute():  # relative to the repository, not the cwd
         data["assets"]["seed_dir"] = str((REPO / seed_dir).resolve())
     own = {p["name"]: p for p in data["proposers"]}
+    import yaml  # --proposer-model is a backend spec or a ProposerModel mapping in YAML
+
+    pm = yaml.safe_load(proposer_model) if proposer_model.lstrip().startswith("{") else proposer_model
     data["proposers"] = [own.get(n) or {"name": n, "options": {} if n == "demos"
-                                        else {"model": proposer_model}} for n in proposers]
+                                        else {"model": pm}} for n in proposers]
     data["rl"]["stage"]["checkpoint_dir"] = str(out / "checkpoints" / path.stem)
     data.update(final_test=False, budgets={}, name=path.stem)
     return RunConfig.from_mapping(data, str(path))

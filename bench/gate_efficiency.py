@@ -103,7 +103,7 @@ def simulated(reps: int, n_tasks: int, policy: GatePolicy, seed: int = 0, base: 
 def real(path: Path, orders: int, policy: GatePolicy) -> list[dict]:
     data = json.loads(path.read_text())
     comps = data["comparisons"] if isinstance(data, dict) else [{"name": path.stem, "pairs": data}]
-    out = []
+    out, every = [], []
     for c in comps:
         ev = Evidence(pairs=[PairedOutcome.model_validate(p) for p in c["pairs"]])
         samples = 1 + max(p.sample for p in ev.pairs)
@@ -127,6 +127,9 @@ def real(path: Path, orders: int, policy: GatePolicy) -> list[dict]:
             _, seq = compare(run_arm, tasks, pol, samples=samples, sequential=True)
             rows.append((full.accepted, full.rollouts, seq.accepted, seq.rollouts))
         out.append(summarize(f"real:{c.get('name', '?')}", rows))
+        every += rows
+    if len(comps) > 1:
+        out.append(summarize("real (all)", every))
     return out
 
 

@@ -385,7 +385,10 @@ def propose_step(run: _Run, r: int, incumbent: Incumbent,
     for proposer in run.parts.proposers:
         t0 = time.perf_counter()
         cands.extend(proposer.propose(ctx))
-        run.store.add_budget(run.id, "proposer_calls", 1, round=r)
+        # A proposer that spends more than one model call (or episodes of its own, as gepa's
+        # search does) says so in `last_cost`; otherwise propose() counts as one call.
+        for kind, amount in (getattr(proposer, "last_cost", None) or {"proposer_calls": 1}).items():
+            run.store.add_budget(run.id, kind, amount, round=r)
         run.store.add_budget(run.id, "seconds", time.perf_counter() - t0, round=r)
     out = []
     with run.store.transaction():

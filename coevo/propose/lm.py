@@ -140,6 +140,17 @@ class Cassette:
             raise CassetteMiss(f"cassette {self.path}: no recorded exchange for request {key[:16]} "
                              "(re-record with mode=record, or the prompt changed)")
 
+    def answer(self, messages: list[dict[str, Any]], sampling: dict[str, Any],
+               generate: Any) -> str:
+        """The recorded output for this request, else `generate()` (recorded per the mode)."""
+        key = exchange_key(messages, sampling)
+        output = self.lookup(key)
+        if output is None:
+            self.miss(key)
+            output = generate()
+            self.record(key, messages, sampling, output)
+        return output
+
     def record(self, key: str, messages: list[dict[str, Any]], sampling: dict[str, Any],
                output: str) -> None:
         if self.mode not in ("record", "auto"):
@@ -219,14 +230,9 @@ class BackendEngine:
     def complete(self, request: Any) -> Response:
         messages = request_messages(request)
         sampling = self.sampling(request)
-        key = exchange_key(messages, sampling.model_dump(mode="json"))
-        output = self.cassette.lookup(key) if self.cassette else None
-        if output is None:
-            if self.cassette:
-                self.cassette.miss(key)
-            output = self._generate(messages, sampling)
-            if self.cassette:
-                self.cassette.record(key, messages, sampling.model_dump(mode="json"), output)
+        output = (self.cassette.answer(messages, sampling.model_dump(mode="json"),
+                                       lambda: self._generate(messages, sampling))
+                  if self.cassette else self._generate(messages, sampling))
         return Response(id=None, model=self.name, message=Message.assistant([TextPart(output)]),
                         finish_reason="stop", usage=Usage(input_tokens=0, output_tokens=0,
                                                           total_tokens=0))

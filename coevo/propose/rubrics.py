@@ -42,7 +42,7 @@ from coevo.assets.rubric import (
     Rubric,
     ToolCalledCriterion,
 )
-from coevo.propose.base import PROPOSERS, Candidate, ProposalContext
+from coevo.propose.base import Candidate, ProposalContext
 from coevo.propose.digest import digest
 from coevo.propose.lm import proposer_lm, run_program
 
@@ -194,6 +194,7 @@ class RubricsProposer:
 
     def propose(self, ctx: ProposalContext) -> list[Candidate]:
         inputs = self.inputs(ctx)
+        self.last_cost = {"proposer_calls": 0.0 if inputs is None else 1.0}  # what the loop charges
         if inputs is None:
             return []
         call = run_program(self.lm, self.program, **inputs)
@@ -207,5 +208,3 @@ class RubricsProposer:
         return [Candidate(asset=asset, proposer=self.name, kind="rubric", error=error,
                           rationale=rationale, predicted_effect=effect, **audit)]
 
-
-PROPOSERS.add("rubrics", RubricsProposer)

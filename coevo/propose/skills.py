@@ -48,7 +48,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from coevo.assets.harness import Harness
 from coevo.assets.skill import Skill, SkillLibrary, SkillRef
-from coevo.propose.base import PROPOSERS, Candidate, Incumbent, ProposalContext, member_violations
+from coevo.propose.base import Candidate, Incumbent, ProposalContext, member_violations
 from coevo.propose.digest import PREAMBLE, transcript
 from coevo.propose.lm import proposer_lm, run_program
 from coevo.trajectory import Trajectory
@@ -327,15 +327,19 @@ class SkillsProposer:
     def propose(self, ctx: ProposalContext) -> list[Candidate]:
         lib = ctx.incumbent.library
         episodes = scored(ctx.trajectories)
+        self.last_cost = {"proposer_calls": 0.0}  # lifecycle alone calls no model
         if lib is None or not episodes:
             return []  # no library to revise, or nothing verified to learn from
         members = [s for s in ctx.incumbent.skills if s.name in lib.names]
         ops = {"distil": self._distil, "refine": self._refine, "lifecycle": self._lifecycle}
         out = []
+        before = len(self._lm.history) if self._lm is not None else 0
         for op in self.operations:
             cand = ops[op](ctx, lib, members, episodes)
             if cand is not None:
                 out.append(cand)
+        if self._lm is not None:  # one history entry per model call (replayed ones too)
+            self.last_cost = {"proposer_calls": float(len(self._lm.history) - before)}
         return out
 
     def _invalid(self, error: str, **fields: Any) -> Candidate:
@@ -493,5 +497,3 @@ class SkillsProposer:
                          predicted_effect=f"episodes that activate {skill.name} succeed more "
                                           f"than {100 * (u.success_with or 0):.0f}%")
 
-
-PROPOSERS.add("skills", SkillsProposer)

@@ -16,8 +16,10 @@ policy descends from (exact when N is a checkpoint step): the model that sampled
 recoverable from the store either way.
 
 Determinism and resume. Everything random is a function of (seed, step): the sampler draws
-step s's tasks from `Random((seed, s))`, rollout seeds come from `step_seed(seed, s)`, and the
-trainer's RNG state is in its checkpoints. So `resume=True` loads the run's latest checkpoint
+step s's tasks from `Random(f"{seed}:{s}")` (coevo/rl/sampling.py; a capability-aware
+sampler weighs them by pass rates of earlier rounds only, read once at construction),
+rollout seeds come from `step_seed(seed, s)`, and the trainer's RNG state is in its
+checkpoints. So `resume=True` loads the run's latest checkpoint
 (sha256 checked against its store row), finds where this round's stage started by walking the
 checkpoint parents, and redoes the remaining steps exactly as an uninterrupted run would.
 Trajectory ids are derived from (run, round, step, task, sample), so a step that was stored
@@ -34,18 +36,24 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import random
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from coevo.envs.base import Environment, Task
+from coevo.envs.base import Environment
 from coevo.errors import CoevoError
 from coevo.executors import AgentAssets, EpisodeJob, LocalExecutor, resolve_env
-from coevo.registry import Registry
+from coevo.rl.sampling import (  # noqa: F401  (re-exported)
+    SAMPLERS,
+    CapabilitySampler,
+    TaskSampler,
+    UniformSampler,
+    build_sampler,
+    record_sampler,
+)
 from coevo.trajectory import Trajectory
 
 log = logging.getLogger("coevo.rl")
@@ -60,42 +68,13 @@ class StageConfig(BaseModel):
     samples: int = Field(4, ge=2)  # G: GRPO needs at least two samples to compare
     seed: int = 0
     pool_size: int | None = Field(None, ge=1)  # train tasks drawn from (None: the whole split)
-    sampler: str = "uniform"
+    sampler: str = "uniform"  # a coevo.rl.sampling.SAMPLERS name: uniform | capability
+    sampler_options: dict[str, Any] = Field(default_factory=dict)  # passed to its factory
     checkpoint_every: int = Field(5, ge=1)  # K; the last step is always checkpointed
     checkpoint_dir: str | None = None  # default: $COEVO_HOME/runs/<run name>/checkpoints
 
 
-# --- task sampling -----------------------------------------------------------------------------
-
-
-@runtime_checkable
-class TaskSampler(Protocol):
-    """Contract: `sample(step, k)` returns k distinct train tasks for trainer step `step`.
-    It must be a pure function of (its construction, step), never of earlier calls, so a
-    resumed stage draws what an uninterrupted one would have drawn. Capability-aware
-    samplers read the store at construction, not between steps."""
-
-    def sample(self, step: int, k: int) -> list[Task]: ...
-
-
-class UniformSampler:
-    """k tasks uniformly without replacement from the pool, from `Random((seed, step))`."""
-
-    def __init__(self, tasks: Sequence[Task], seed: int = 0):
-        if not tasks:
-            raise CoevoError("task sampler: the train split has no tasks")
-        self.tasks, self.seed = list(tasks), seed
-
-    def sample(self, step: int, k: int) -> list[Task]:
-        if k > len(self.tasks):
-            raise CoevoError(f"tasks_per_step: {k} is more than the {len(self.tasks)} train "
-                             "tasks available (a task twice in one step would merge groups)")
-        rng = random.Random(f"{self.seed}:{step}")  # str seeds are hashed stably (sha512)
-        return rng.sample(self.tasks, k)
-
-
-SAMPLERS: Registry[Callable[..., TaskSampler]] = Registry("task sampler")
-SAMPLERS.add("uniform", UniformSampler)
+# --- task sampling: coevo/rl/sampling.py (re-exported: existing imports keep working) ------
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -270,7 +249,12 @@ def rl_stage(store: Any, run: str, round: int, env: str | Environment, assets: A
     ckpt_root = (Path(cfg.checkpoint_dir) if cfg.checkpoint_dir
                  else coevo_home() / "runs" / run_rec.name / "checkpoints")
     if sampler is None:
-        sampler = SAMPLERS.get(cfg.sampler)(env.tasks("train", cfg.pool_size), cfg.seed)
+        # Built from the store before any step: a capability-aware sampler reads the earlier
+        # rounds' pass rates here, once, so a resumed stage draws the same tasks.
+        sampler = build_sampler(cfg.sampler, env.tasks("train", cfg.pool_size), cfg.seed,
+                                store=store, run=run_rec.id, round=round, samples=cfg.samples,
+                                options=cfg.sampler_options)
+        record_sampler(store, run_rec.id, round, cfg.sampler, sampler)
     remote = executor is not None
     own_backend = backend is None and not remote
     policy = live_policy(trainer, tokenizer) if own_backend else backend
