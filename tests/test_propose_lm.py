@@ -163,3 +163,45 @@ def test_shorten_keeps_head_and_tail():
     assert s.startswith("HEAD") and s.endswith("TAIL") and len(s) <= 110
     t = _traj(1, True, {}, "final answer 42")
     assert transcript(t, None).endswith("[assistant] final answer 42")
+
+
+def test_proposer_runs_on_an_openai_compatible_endpoint():
+    """The realistic setup: proposers on a served model (vLLM, a hosted API), configured by
+    one spec string, separate from the policy. A loopback server stands in for it."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append({"path": self.path, **body})
+            content = '{"revised": "served", "confidence": 0.9}'
+            data = json.dumps({"id": "x", "object": "chat.completion", "choices": [
+                {"index": 0, "finish_reason": "stop",
+                 "message": {"role": "assistant", "content": content}}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+        lm = proposer_lm({"backend": f"openai:{url}", "options": {"model": "big-open-model"},
+                          "max_tokens": 200, "temperature": 0.2})
+        call = run_program(lm, dspy.Predict(Revise), text="the harness text")
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert call.ok and call.outputs == {"revised": "served", "confidence": 0.9}
+    [req] = seen
+    assert req["path"] == "/v1/chat/completions" and req["model"] == "big-open-model"
+    assert req["max_tokens"] == 200 and req["temperature"] == 0.2
+    assert req["messages"][0]["role"] == "system" and "the harness text" in req["messages"][-1]["content"]
