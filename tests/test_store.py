@@ -387,3 +387,25 @@ def test_token_ids_written_before_the_raw_format_still_decode():
     assert codec.unpack_ids(new) == ids
     with pytest.raises(codec.CodecError, match="expected packed token ids"):
         codec.unpack_ids(codec.pack_mask([0, 1]))
+
+
+def test_a_name_never_resolves_to_a_candidate_the_gate_did_not_accept(tmp_path):
+    """A rejected candidate shares its parent's name; a new run naming the seed by name must
+    still start from the seed (or from the accepted child), not from the rejected one."""
+    from coevo.assets.harness import Harness
+
+    store = Store.open(f"sqlite:///{tmp_path / 's.db'}")
+    seed = Harness.model_validate({"name": "h", "system_prompt": "seed"})
+    store.put_asset(seed)
+    bad = seed.child(system_prompt="rejected idea")
+    pid = store.add_proposal(proposer="x", kind="harness", parent=seed.hash, candidate=bad,
+                             status="pending")
+    assert store.get_asset("harness", "h").hash == seed.hash  # pending: not yet
+    store.set_proposal_status(pid, "rejected")
+    assert store.get_asset("harness", "h").hash == seed.hash
+    assert store.get_asset("harness", bad.hash).hash == bad.hash  # still auditable by hash
+    good = seed.child(system_prompt="accepted idea")
+    pid2 = store.add_proposal(proposer="x", kind="harness", parent=seed.hash, candidate=good,
+                              status="pending")
+    store.set_proposal_status(pid2, "accepted")
+    assert store.get_asset("harness", "h").hash == good.hash

@@ -156,6 +156,10 @@ def check_candidate(cand: Candidate, incumbent: Incumbent) -> str | None:
         return f"changes fields outside the {cand.kind} whitelist: {', '.join(bad)}"
     if not changed_fields(old, cand.asset):
         return "changes nothing (same content as the incumbent)"
+    if cand.kind == "harness":
+        bad_tools = tool_contract_changes(old, cand.asset)  # type: ignore[arg-type]
+        if bad_tools:
+            return bad_tools
     return member_violations(cand, incumbent)
 
 
@@ -182,6 +186,25 @@ def member_violations(cand: Candidate, incumbent: Incumbent) -> str | None:
     if missing:
         return f"library refers to skills it does not carry: {', '.join(missing)}"
     return None
+
+
+def tool_contract_changes(old: Harness, new: Harness) -> str | None:
+    """`tools` is whitelisted for its descriptions only: a tool's name and parameter schema
+    are a contract with the code that runs it (coevo.agent.tools), so a proposal may reword
+    a description but not add, remove, rename or re-type a tool."""
+    def contract(h: Harness) -> list[tuple[str, str]]:
+        import json
+
+        return [(t.function.name, json.dumps(t.function.parameters, sort_keys=True)) for t in h.tools]
+
+    before, after = contract(old), contract(new)
+    if before == after:
+        return None
+    names_b, names_a = [n for n, _ in before], [n for n, _ in after]
+    if names_b != names_a:
+        return (f"tools: only descriptions may change; tool names {names_b} became {names_a}")
+    changed = [n for (n, a), (_, b) in zip(before, after) if a != b]
+    return f"tools: only descriptions may change; the parameter schema of {', '.join(changed)} changed"
 
 
 def candidate_from_changes(proposer: str, base: Asset, changes: dict[str, Any],

@@ -227,7 +227,18 @@ class Store:
         with self.transaction() as s:
             row = s.execute(base.where(av.c.hash == ref)).first()
             if row is None:
-                row = s.execute(base.where(av.c.name == ref).order_by(av.c.seq.desc())).first()
+                # A name means the latest version a person or the gate stood behind: a
+                # candidate that was never accepted (rejected, pending, invalid) shares its
+                # parent's name but must not become what a new run starts from.
+                pt = T.Proposal.__table__
+                unaccepted = sa.select(pt.c.candidate_hash).where(
+                    pt.c.candidate_hash.is_not(None), pt.c.status != "accepted")
+                accepted = sa.select(pt.c.candidate_hash).where(pt.c.status == "accepted")
+                named = base.where(av.c.name == ref).order_by(av.c.seq.desc())
+                row = s.execute(named.where(sa.or_(av.c.hash.not_in(unaccepted),
+                                                   av.c.hash.in_(accepted)))).first()
+                if row is None:  # only candidates carry this name: the latest of them
+                    row = s.execute(named).first()
             is_hex = bool(ref) and all(c in "0123456789abcdef" for c in ref)
             if row is None and is_hex and len(ref) >= _MIN_PREFIX:
                 rows = s.execute(base.where(av.c.hash.startswith(ref, autoescape=True))
