@@ -399,7 +399,8 @@ def proposal_view(store: Store, id: str, show_prompt: bool = False) -> Group:
     meta.add_column(style="bold")
     meta.add_column(overflow="fold")
     for k, v in (("proposal", p.id), ("run", p.run or "-"), ("round", fmt(p.round)),
-                 ("proposer", p.proposer), ("kind", p.kind), ("status", _status(p.status)),
+                 ("proposer", p.proposer + (f" (model {p.model})" if p.model else "")),
+                 ("kind", p.kind), ("status", _status(p.status)),
                  ("parent", p.parent or "-"), ("candidate", p.candidate or "-"),
                  ("created", f"{p.created_at:%Y-%m-%d %H:%M:%S}"),
                  ("rationale", p.rationale or "-"), ("predicted effect", p.predicted_effect or "-")):

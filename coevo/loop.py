@@ -416,7 +416,7 @@ def _record_proposal(run: _Run, r: int, incumbent: Incumbent,
         candidate=cand.asset if reason is None else None, run=run.id, round=r,
         status="invalid" if reason else "pending", rationale=cand.rationale,
         predicted_effect=cand.predicted_effect, prompt=cand.prompt, raw_output=raw,
-        error=reason, diff=changes)
+        error=reason, diff=changes, model=cand.model)
     return pid, cand, "invalid" if reason else "pending"
 
 

@@ -35,7 +35,7 @@ def test_blank_database_migrates_to_the_orm_schema(db_url):
     store = Store(make_engine(db_url))
     assert store.current_revision() is None
     store.upgrade()
-    assert store.current_revision() == store.head_revision() == "0002"
+    assert store.current_revision() == store.head_revision() == "0003"
     with store.engine.connect() as conn:
         diffs = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}),
                                  Base.metadata)
@@ -95,7 +95,7 @@ def test_upgrade_from_0001_keeps_data(db_url):
     old.close()
 
     store = Store.open(db_url)  # opening migrates to head
-    assert store.current_revision() == "0002"
+    assert store.current_revision() == "0003"
     assert store.get_asset("testmignote", "seed") == child  # latest version of that name
     assert [r.hash for r in store.ancestors(child.hash)] == [note.hash]
     assert store.get_run("old-run").config == {"seed": 1}
@@ -113,7 +113,7 @@ def test_database_from_a_newer_coevo_is_a_clear_error(db_url):
     store = Store.open(db_url)
     with store.engine.begin() as conn:
         conn.execute(sa.text("UPDATE alembic_version SET version_num = '9999'"))
-    with pytest.raises(CoevoError, match="9999.*newest revision is 0002"):
+    with pytest.raises(CoevoError, match="9999.*newest revision is 0003"):
         store.upgrade()
     store.close()
 
@@ -121,7 +121,7 @@ def test_database_from_a_newer_coevo_is_a_clear_error(db_url):
 def test_open_without_migrate_leaves_blank_database(tmp_path):
     store = Store.open(str(tmp_path / "x.db"), migrate=False)
     assert store.current_revision() is None
-    assert store.head_revision() == "0002"
+    assert store.head_revision() == "0003"
     store.upgrade("0001")
     assert store.current_revision() == "0001"
     store.close()

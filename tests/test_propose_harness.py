@@ -132,7 +132,7 @@ def test_revision_is_recorded_gated_and_accepted_malformed_one_stored_invalid(tm
     assert sorted(ok.diff) == ["decoding.temperature", "system_prompt"]
     assert f"+{HINT}" in ok.diff["system_prompt"] and "+0.5" in ok.diff["decoding.temperature"]
     assert ok.rationale.startswith("Every episode answered 'zz'")
-    assert "[proposer model: embedded]" in ok.rationale
+    assert ok.model == "embedded"
     assert ok.predicted_effect == HINT_ANSWER["predicted_effect"]
     prompt = "\n".join(m["content"] for m in json.loads(ok.prompt))
     assert PREAMBLE in prompt and "<<<TRAJECTORY 1 FAILED task=train-" in prompt and "[assistant] zz" in prompt
@@ -152,7 +152,7 @@ def test_revision_is_recorded_gated_and_accepted_malformed_one_stored_invalid(tm
     assert broken.status == "invalid" and broken.candidate is None and broken.diff == {}
     assert broken.raw_output == MALFORMED and "not the requested JSON" in broken.error
     assert json.loads(broken.prompt) and store.decisions(broken.id) == []
-    assert "[proposer model: embedded]" in broken.rationale
+    assert broken.model == "embedded"
     assert store.budget_totals(res.run, round=0)["proposer_calls"] == 2.0
 
 
@@ -286,7 +286,7 @@ def test_a_failing_proposer_model_is_an_invalid_candidate_not_a_crash():
 
     p = HarnessProposer(backend=Down())
     [c] = p.propose(tool_context())
-    assert c.asset is None and "connection refused" in c.error and "[proposer model: down]" in c.rationale
+    assert c.asset is None and "connection refused" in c.error and c.model == "down"
 
 
 # --------------------------------------------------------------------------- the real model
@@ -330,3 +330,15 @@ def record() -> None:
 
 if __name__ == "__main__":
     record()
+
+
+def test_the_proposer_model_is_stored_with_the_proposal(tmp_path):
+    from coevo.assets.harness import Harness
+    from coevo.store import Store
+
+    store = Store.open(f"sqlite:///{tmp_path / 's.db'}")
+    h = Harness.model_validate({"name": "h", "system_prompt": "s"})
+    store.put_asset(h)
+    pid = store.add_proposal(proposer="harness", kind="harness", parent=h.hash,
+                             candidate=h.child(system_prompt="t"), model="openai:http://x/v1")
+    assert store.get_proposal(pid).model == "openai:http://x/v1"

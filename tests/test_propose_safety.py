@@ -142,7 +142,7 @@ def test_injected_trajectories_change_nothing_outside_the_whitelist(tmp_path):
     # the schema attempt did not parse at all, so its rationale is only the model tag
     [schema] = [p for p in props if p.raw_output and "new schema" in p.raw_output]
     reasons["new schema"] = schema.error
-    assert schema.rationale == "[proposer model: embedded]"
+    assert schema.rationale == "" and schema.model == "embedded"
     assert reasons["admin"].startswith("workflow.gate.alpha: not a knob you may set")
     assert reasons["write the file"].startswith(f"tool_descriptions.{OWNED}: no such tool")
     assert "not the requested JSON" in reasons["new schema"] and "tool_descriptions" in reasons["new schema"]

@@ -88,6 +88,7 @@ class Candidate(BaseModel):
     raw_output: str = ""
     error: str | None = None
     skills: list[Skill] = Field(default_factory=list)
+    model: str = ""  # the proposer's model, for LLM proposers
 
     @property
     def hash(self) -> str | None:

@@ -273,17 +273,14 @@ class HarnessProposer:
 
     def _one(self, h: Harness, inputs: dict[str, Any], seed: int) -> Candidate:
         call = run_program(self.lm, self.program, config={"seed": seed}, **inputs)
-        audit = {"prompt": call.prompt, "raw_output": call.raw_output}
-        # Candidate has no model field: the proposer model is named in the rationale.
-        tag = f"[proposer model: {call.model}]"
+        audit = {"prompt": call.prompt, "raw_output": call.raw_output, "model": call.model}
         if not call.ok:
             return Candidate(asset=None, proposer=self.name, kind="harness", error=call.error,
-                             rationale=tag, **audit)
+                             **audit)
         out = call.outputs or {}
-        rationale = _text(out.get("rationale"))
         asset, error = build_revision(h, out, self.knobs)
         return Candidate(asset=asset, proposer=self.name, kind="harness", error=error,
-                         rationale=f"{rationale}\n{tag}" if rationale else tag,
+                         rationale=_text(out.get("rationale")),
                          predicted_effect=_text(out.get("predicted_effect")), **audit)
 
 

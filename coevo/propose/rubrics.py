@@ -198,7 +198,7 @@ class RubricsProposer:
         if inputs is None:
             return []
         call = run_program(self.lm, self.program, **inputs)
-        audit = {"prompt": call.prompt, "raw_output": call.raw_output}
+        audit = {"prompt": call.prompt, "raw_output": call.raw_output, "model": call.model}
         if not call.ok:
             return [Candidate(asset=None, proposer=self.name, kind="rubric", error=call.error, **audit)]
         out = call.outputs or {}

@@ -411,7 +411,7 @@ class SkillsProposer:
                              if s.state == "active") or "(none)"
         call = run_program(self.lm, dspy.Predict(DistilSkill), behaviour=behaviour,
                            existing_skills=existing, episodes=shown)
-        audit = {"prompt": call.prompt, "raw_output": call.raw_output}
+        audit = {"prompt": call.prompt, "raw_output": call.raw_output, "model": call.model}
         if not call.ok:
             return self._invalid(call.error or "no output", **audit)
         out = call.outputs or {}
@@ -473,7 +473,7 @@ class SkillsProposer:
         current = f"name: {skill.name}\ndescription: {skill.description}\n\n{skill.body}"
         call = run_program(self.lm, dspy.Predict(RefineSkill), skill=current, evidence=evidence,
                            episodes=shown)
-        audit = {"prompt": call.prompt, "raw_output": call.raw_output}
+        audit = {"prompt": call.prompt, "raw_output": call.raw_output, "model": call.model}
         if not call.ok:
             return self._invalid(call.error or "no output", **audit)
         out = call.outputs or {}

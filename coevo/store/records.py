@@ -110,6 +110,7 @@ class ProposalRecord(_Record):
     parent: str | None
     candidate: str | None
     status: ProposalStatus
+    model: str = ""  # the proposer's model (empty: a proposer without one)
     rationale: str
     predicted_effect: str
     prompt: str
@@ -180,7 +181,7 @@ def proposal_record(r: T.Proposal) -> ProposalRecord:
                           status=r.status, rationale=r.rationale,
                           predicted_effect=r.predicted_effect, prompt=r.prompt,
                           raw_output=r.raw_output, error=r.error, diff=r.diff,
-                          created_at=r.created_at)
+                          created_at=r.created_at, model=r.model or "")
 
 
 def trajectory_row(t: Trajectory, run_id: str | None, round: int | None,

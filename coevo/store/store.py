@@ -576,7 +576,8 @@ class Store:
                      candidate: Asset | str | None, run: str | None = None,
                      round: int | None = None, status: str = "pending", rationale: str = "",
                      predicted_effect: str = "", prompt: str = "", raw_output: str = "",
-                     error: str | None = None, diff: dict[str, Any] | None = None) -> str:
+                     error: str | None = None, diff: dict[str, Any] | None = None,
+                     model: str = "") -> str:
         """Record a proposal; a candidate Asset is stored first (same transaction). An invalid
         proposal (status "invalid", `error` set) may have no candidate. Returns its id."""
         _check_status(status)
@@ -587,7 +588,8 @@ class Store:
             row = T.Proposal(id=_new_id(), run_id=run_id, round=round, proposer=proposer,
                              kind=kind, parent_hash=parent, candidate_hash=cand, status=status,
                              rationale=rationale, predicted_effect=predicted_effect,
-                             prompt=prompt, raw_output=raw_output, error=error, diff=diff or {})
+                             prompt=prompt, raw_output=raw_output, error=error, diff=diff or {},
+                             model=model)
             s.add(row)
             s.flush()
             return row.id

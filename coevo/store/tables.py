@@ -234,6 +234,7 @@ class Proposal(Base):
     run_id: Mapped[str | None] = mapped_column(ID, sa.ForeignKey("runs.id"))
     round: Mapped[int | None] = mapped_column(sa.Integer)
     proposer: Mapped[str] = mapped_column(sa.String(100))
+    model: Mapped[str] = mapped_column(sa.String(200), default="", server_default="")  # 0003
     kind: Mapped[str] = mapped_column(sa.String(32))  # asset kind revised
     parent_hash: Mapped[str | None] = _asset_fk()
     candidate_hash: Mapped[str | None] = _asset_fk()  # None for an invalid proposal
