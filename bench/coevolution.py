@@ -567,13 +567,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
          f"proposers {', '.join(proposers)}; out {out}; estimate ~{est / 60:.0f} min")
     t0 = time.perf_counter()
     runs, base_vals = [], {}
+    # Finished (env, seed, mode) runs are appended to runs.jsonl as they end, so a bench that
+    # was stopped (or is re-run with more seeds into the same --out) redoes none of them.
+    ledger = out / "runs.jsonl"
+    done = {}
+    if ledger.exists():
+        for line in ledger.read_text().splitlines():
+            r = json.loads(line)
+            done[(r["env"], r["seed"], r["mode"])] = r
     for b in bases:
         for seed in range(seeds):
             for mode in MODE_ORDER:
-                _say(f"[bold]{b.name}[/bold] seed {seed} mode {mode}")
-                runs.append(run_mode(b, mode, seed, budget, store,
-                                     proposer_call_cost=a.proposer_call_cost, monitor_n=monitor_n,
-                                     base_val=base_vals.get(b.env)))
+                if (b.env, seed, mode) in done:
+                    runs.append(done[(b.env, seed, mode)])
+                    _say(f"[bold]{b.name}[/bold] seed {seed} mode {mode}: done before, reused")
+                else:
+                    _say(f"[bold]{b.name}[/bold] seed {seed} mode {mode}")
+                    runs.append(run_mode(b, mode, seed, budget, store,
+                                         proposer_call_cost=a.proposer_call_cost,
+                                         monitor_n=monitor_n, base_val=base_vals.get(b.env)))
+                    with ledger.open("a") as f:
+                        f.write(json.dumps(runs[-1], default=str) + "\n")
                 if b.env not in base_vals:  # every mode starts from the same base: score it once
                     base_vals[b.env] = runs[-1]["curve"][0][1]
                     _say(f"{b.env}: base model val score {_f(base_vals[b.env])}")

@@ -345,7 +345,9 @@ def test_bench_replays_real_paired_outcomes(tmp_path):
                                               for i, (a, b) in enumerate(zip(inc, cand))]})
     path = tmp_path / "pairs.json"
     path.write_text(json.dumps({"comparisons": comps}))
-    better, worse = bench.real(path, 3, FAST)
+    better, worse, every = bench.real(path, 3, FAST)
     assert (better["mix"], better["n"], worse["mix"]) == ("real:better", 3, "real:worse")
+    assert every["mix"] == "real (all)" and every["n"] == 6
+    assert every["full_accept"] == 0.5  # one of the two comparisons, in every order
     assert better["full_accept"] == 1.0 == better["agree"] == worse["agree"] and worse["full_accept"] == 0.0
     assert worse["ratio"] < 0.5  # a clearly worse candidate stops at the screen or soon after
