@@ -175,6 +175,12 @@ def run_mode(base: RunConfig, mode: str, seed: int, budget: int, store: Any, *,
     from coevo.loop import MODES, build_parts, restore_incumbent, run_coevolution, seed_incumbent
 
     name = f"{base.name}-{mode}-s{seed}"
+    # A bench stopped mid-run leaves that run in the store, unfinished and out of the ledger:
+    # start over under a new name (the leftover stays auditable, never counted).
+    taken = {r.name for r in store.runs()}
+    k = 1
+    while name in taken:
+        name, k = f"{base.name}-{mode}-s{seed}-retry{k}", k + 1
     data = base.model_dump(mode="json")
     data.update(name=name, mode=mode, seed=seed)
     data["rl"]["stage"]["seed"] = seed
@@ -437,6 +443,9 @@ def write_results(rep: dict[str, Any], path: Path) -> Path:
         "- Test: the final incumbent (assets + checkpoint) once on the test split; 95% intervals "
         "are Student-t over every seed's per-task results pooled. Partial credit: the environment "
         "verifier's `Score.details` re-derived from the stored test answers.", ""]
+    if rep.get("missing"):
+        lines += ["**Not run** (out of time; the table holds only the runs that finished, "
+                  "nothing was dropped): " + "; ".join(rep["missing"]) + ".", ""]
     for env in rep["configs"]:
         runs = [r for r in rep["runs"] if r["env"] == env]
         specs = list(dict.fromkeys(s for r in runs for s in r["tests"]))
@@ -547,6 +556,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--null-n", type=int, default=None, help="null candidates per variant")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--results", type=Path, default=REPO / "docs" / "RESULTS.md")
+    ap.add_argument("--report-only", action="store_true",
+                    help="write RESULTS.md from the runs already in --out's ledger; run nothing")
     a = ap.parse_args(argv)
     seeds = a.seeds or (1 if a.small else 2)
     budget = a.budget or (20 if a.small else 160)
@@ -566,7 +577,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
          f"budget {budget} rollout-equivalents per mode (proposer call = {a.proposer_call_cost}); "
          f"proposers {', '.join(proposers)}; out {out}; estimate ~{est / 60:.0f} min")
     t0 = time.perf_counter()
-    runs, base_vals = [], {}
+    runs, base_vals, missing = [], {}, []
     # Finished (env, seed, mode) runs are appended to runs.jsonl as they end, so a bench that
     # was stopped (or is re-run with more seeds into the same --out) redoes none of them.
     ledger = out / "runs.jsonl"
@@ -581,6 +592,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 if (b.env, seed, mode) in done:
                     runs.append(done[(b.env, seed, mode)])
                     _say(f"[bold]{b.name}[/bold] seed {seed} mode {mode}: done before, reused")
+                elif a.report_only:
+                    missing.append(f"{b.env.split('?')[0]} seed {seed} {mode}")
+                    continue
                 else:
                     _say(f"[bold]{b.name}[/bold] seed {seed} mode {mode}")
                     runs.append(run_mode(b, mode, seed, budget, store,
@@ -591,7 +605,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 if b.env not in base_vals:  # every mode starts from the same base: score it once
                     base_vals[b.env] = runs[-1]["curve"][0][1]
                     _say(f"{b.env}: base model val score {_f(base_vals[b.env])}")
-    null = false_accepts(bases[-1], store, null_n) if null_n else None
+    null_file = out / "null.json"
+    if null_file.exists():
+        null = json.loads(null_file.read_text())
+    elif null_n and (not a.report_only or a.null_n is not None):  # --report-only --null-n N: just that
+        null = false_accepts(bases[-1], store, null_n)
+        null_file.write_text(json.dumps(null, default=str))
+    else:
+        null = None
     report = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
               "command": "python bench/coevolution.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "small": a.small, "seeds": seeds, "budget": budget,
@@ -599,7 +620,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "proposer_model": a.proposer_model, "monitor_n": monitor_n,
               "machine": machine(), "seconds": time.perf_counter() - t0, "estimate_s": est,
               "configs": {b.env: b.model_dump(mode="json", exclude=_SET_BY_BENCH) for b in bases},
-              "base_val": base_vals, "runs": runs, "null": null, "out": str(out)}
+              "base_val": base_vals, "runs": runs, "null": null, "out": str(out),
+              "missing": missing}
+    if a.report_only:  # the wall time is what the runs took, not this call
+        report["seconds"] = sum(float(r.get("seconds") or 0.0) for r in runs)
     (out / "results.json").write_text(json.dumps(report, indent=1, default=str))
     path = write_results(report, a.results)
     _say(f"done in {report['seconds'] / 60:.1f} min (estimate {est / 60:.0f}); wrote {path}")
