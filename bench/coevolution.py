@@ -556,6 +556,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--null-n", type=int, default=None, help="null candidates per variant")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--results", type=Path, default=REPO / "docs" / "RESULTS.md")
+    ap.add_argument("--modes", default=",".join(MODE_ORDER),
+                    help="modes to run, in this order (the table always lists all four)")
     ap.add_argument("--report-only", action="store_true",
                     help="write RESULTS.md from the runs already in --out's ledger; run nothing")
     a = ap.parse_args(argv)
@@ -578,6 +580,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
          f"proposers {', '.join(proposers)}; out {out}; estimate ~{est / 60:.0f} min")
     t0 = time.perf_counter()
     runs, base_vals, missing = [], {}, []
+    order = a.modes.split(",")
+    unknown = sorted(set(order) - set(MODE_ORDER))
+    if unknown:
+        raise CoevoError(f"--modes: unknown {', '.join(unknown)}; known: {', '.join(MODE_ORDER)}")
+    order += [m for m in MODE_ORDER if m not in order]  # the rest still count as not run
     # Finished (env, seed, mode) runs are appended to runs.jsonl as they end, so a bench that
     # was stopped (or is re-run with more seeds into the same --out) redoes none of them.
     ledger = out / "runs.jsonl"
@@ -588,7 +595,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             done[(r["env"], r["seed"], r["mode"])] = r
     for b in bases:
         for seed in range(seeds):
-            for mode in MODE_ORDER:
+            for mode in order:
                 if (b.env, seed, mode) in done:
                     runs.append(done[(b.env, seed, mode)])
                     _say(f"[bold]{b.name}[/bold] seed {seed} mode {mode}: done before, reused")
