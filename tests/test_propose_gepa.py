@@ -23,7 +23,7 @@ from coevo.propose import Incumbent, ProposalContext, check_candidate, make_prop
 from coevo.propose.gepa import GepaProposer
 from coevo.propose.lm import CassetteMiss
 from coevo.trajectory import Trajectory
-from tiny_glue import FirstCharEnv, save_tiny_model, tiny_harness, tiny_tokenizer
+from tiny_glue import FirstCharEnv, SingleTurnEnv, save_tiny_model, tiny_harness, tiny_tokenizer
 
 torch.set_num_threads(1)
 
@@ -47,12 +47,11 @@ def tape(name: str) -> dict:
     return {"cassette": str(path), "mode": "replay"}  # no backend: a miss is an error
 
 
-class NumberEnv:
+class NumberEnv(SingleTurnEnv):
     """Single-turn: outcome 1 when the whole reply is a bare integer. Records every task it
     scored, so a test can show the search never ran a val or test task."""
 
     name = "test:gepa-number"
-    single_turn = True
 
     def __init__(self):
         self.scored: list[str] = []
@@ -62,12 +61,6 @@ class NumberEnv:
                     messages=[{"role": "user", "content": f"What is {i} + 3?"}])
                for i in range(6)]
         return out[:n] if n is not None else out
-
-    def start(self, task):
-        return None
-
-    def step(self, state, calls):
-        return []
 
     def score(self, task: Task, state, response: Response) -> Score:
         self.scored.append(task.id)

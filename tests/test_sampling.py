@@ -11,6 +11,7 @@ import hashlib
 from collections import Counter
 
 import pytest
+import tiny_glue
 import torch
 
 from coevo.envs.base import Response, Score, Task
@@ -155,22 +156,15 @@ def test_doctests():
 # --- stage level ----------------------------------------------------------------------------------
 
 
-class FamiliesEnv:
+class FamiliesEnv(tiny_glue.SingleTurnEnv):
     """Single-turn; the verifier depends only on the family: "solved" always passes, "failed"
     never, "coin" passes when the reply's sha256 is even (half the samples of a random policy)."""
 
     name = "test:families"
-    single_turn = True
 
     def tasks(self, split: str = "train", n: int | None = None) -> list[Task]:
         out = pool(8)
         return out[:n] if n is not None else out
-
-    def start(self, task):
-        return None
-
-    def step(self, state, calls):
-        return []
 
     def score(self, task: Task, state, response: Response) -> Score:
         if task.family == "coin":

@@ -74,13 +74,24 @@ def first_char(text: str) -> str:
     return text.lstrip()[:1]
 
 
-class FirstCharEnv:
+class SingleTurnEnv:
+    """Base of the single-turn test environments: no state, no environment functions."""
+
+    single_turn = True
+
+    def start(self, task):
+        return None
+
+    def step(self, state, calls):
+        return []
+
+
+class FirstCharEnv(SingleTurnEnv):
     """Single-turn: reward 1 when the reply starts with a character in `target` (trivially
     learnable: the policy only has to move mass onto some first tokens). `details["short"]`
     is partial credit for a reply of at most 8 characters."""
 
     name = "test:first-char"
-    single_turn = True
 
     def __init__(self, target: str = "abcdefghijklmnopqrstuvwxyz", size: int = 12):
         self.target, self.size = target, size
@@ -90,12 +101,6 @@ class FirstCharEnv:
                     messages=[{"role": "user", "content": f"Say something about {i}."}])
                for i in range(self.size)]
         return out[:n] if n is not None else out
-
-    def start(self, task):
-        return None
-
-    def step(self, state, calls):
-        return []
 
     def score(self, task: Task, state, response: Response) -> Score:
         ok = first_char(response.text) in set(self.target) and bool(response.text.strip())
@@ -140,13 +145,12 @@ def tiny_harness(**kw) -> Harness:
     return Harness.model_validate(data)
 
 
-class NumberFormatEnv:
+class NumberFormatEnv(SingleTurnEnv):
     """Single-turn arithmetic where only the format is rewarded: outcome 1 when the whole
     reply is a bare integer (the harness asks for exactly that); the value is not checked,
     so a small model can learn it in a few GRPO steps."""
 
     name = "test:number-format"
-    single_turn = True
 
     def tasks(self, split: str = "train", n: int | None = None) -> list[Task]:
         off = {"train": 0, "val": 100, "test": 200}[split]
@@ -154,12 +158,6 @@ class NumberFormatEnv:
                     messages=[{"role": "user", "content": f"What is {i + off} + {i + 3}?"}])
                for i in range(16)]
         return out[:n] if n is not None else out
-
-    def start(self, task):
-        return None
-
-    def step(self, state, calls):
-        return []
 
     def score(self, task: Task, state, response: Response) -> Score:
         ok = response.text.strip().isdigit()
