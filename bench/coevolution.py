@@ -19,6 +19,13 @@ cannot afford and a round never overshoots. Modes therefore spend the budget dif
 (weight-only: more RL steps; harness-only: more gate comparisons) and may leave a remainder
 smaller than one round; the table reports what each actually spent.
 
+RL-only tail. A gated round reserves a whole gate evaluation it rarely spends (the sequential
+gate stops early), so with rounds alone gated runs ended with ~40% of the budget unused. When a
+full round no longer fits but one RL stage does, a mode that trains (gated, ungated) spends
+the rest on rounds without proposals (the same RL stage, `Parts.proposers` empty): leftover
+budget buys weight updates, as it does for weight-only. Harness-only cannot train, so its
+remainder stays unspent. Tail rounds are marked in the curve and counted in `tail_rounds`.
+
 Departure from the loop: runs are configured with `final_test: false` and the bench evaluates
 the test split itself after the last round (`coevo.evaluate.evaluate`, same split, seed and
 checkpoint as the loop's final step), because the loop's final step would otherwise run after
@@ -53,6 +60,7 @@ import os
 import platform
 import sys
 import time
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -120,12 +128,12 @@ def base_config(name: str, small: bool, out: Path, model: str | None,
     return RunConfig.from_mapping(data, str(path))
 
 
-def default_proposers() -> list[str]:
-    """Every proposer the registry knows, except the test stand-in `scripted`."""
-    import coevo.propose  # noqa: F401  (registers the built-in proposers)
-    from coevo.propose.base import PROPOSERS
-
-    return [n for n in PROPOSERS.names() if n != "scripted"]
+# The proposers of the table: every built-in one except the test stand-in `scripted` and
+# `gepa`, whose reflective search runs max_metric_calls (16) episodes of its own plus several
+# reflection calls per round: at this budget one gepa round would cost more than a whole run.
+# The proposer model's 320 new tokens fit the JSON answers the embedded model writes.
+DEFAULT_PROPOSERS = "demos,harness,skills,rubrics"
+DEFAULT_PROPOSER_MODEL = "{backend: embedded, max_tokens: 320}"
 
 
 # --- one mode, budget-matched ----------------------------------------------------------------
@@ -148,6 +156,12 @@ def round_reserve(cfg: RunConfig, mode: str, proposer_call_cost: int) -> tuple[i
             fixed += (sp.train_n or 16) * sp.train_samples
     gate = 2 * (sp.val_n or 40) * sp.val_samples if m.propose and m.gated else 0
     return fixed, gate
+
+
+def rl_cost(cfg: RunConfig) -> int:
+    """Rollouts of one RL stage (steps x tasks x G): the fixed cost of an RL-only round."""
+    st = cfg.rl.stage
+    return st.steps * st.tasks_per_step * st.samples
 
 
 def _val_from_summary(summary: dict[str, Any]) -> float | None:
@@ -196,14 +210,22 @@ def run_mode(base: RunConfig, mode: str, seed: int, budget: int, store: Any, *,
         base_val = monitor(store, parts.env, seed_incumbent(base, store), parts.backend, monitor_n)
         curve = [(0.0, base_val)]
     run_id, props = None, proposer_call_cost * len(base.proposers) * MODES[mode].propose
-    while spent + fixed + gate <= budget:
+    rl_stage, tail = rl_cost(base) if MODES[mode].train else 0, 0
+    while True:
+        if spent + fixed + gate <= budget:
+            round_parts = parts
+        elif MODES[mode].propose and rl_stage and spent + rl_stage <= budget:
+            round_parts, tail = replace(parts, proposers=[]), tail + 1  # the RL-only tail
+        else:
+            break
         # The loop rejects a candidate once the round's rollouts (RL / train rollouts and gate
         # arms; not proposer calls) reach budgets.rollouts; one candidate costs at most `gate`
         # more, so this cap keeps the whole round within what is left.
         cap = int(budget - spent - gate - props)
-        data.update(rounds=rounds + 1, budgets={"rollouts": max(cap, 1)} if gate else {})
+        data.update(rounds=rounds + 1,
+                    budgets={"rollouts": max(cap, 1)} if gate and not tail else {})
         cfg = RunConfig.from_mapping(data)
-        res = run_coevolution(cfg, store, parts, resume=run_id,
+        res = run_coevolution(cfg, store, parts=round_parts, resume=run_id,
                               progress=lambda m, n=name: _say(f"  {n}: {m}"))
         run_id = res.run
         summary = store.get_round(run_id, rounds).summary
@@ -218,10 +240,11 @@ def run_mode(base: RunConfig, mode: str, seed: int, budget: int, store: Any, *,
             val = monitor(store, parts.env, inc, parts.backend, monitor_n)
         curve.append((spent, val))
         rounds += 1
-        _say(f"  {name}: round {rounds - 1} done, spent {spent:g}/{budget}, val {_f(val)}")
+        _say(f"  {name}: round {rounds - 1}{' (RL-only tail)' if tail else ''} done, "
+             f"spent {spent:g}/{budget}, val {_f(val)}")
     final = final_tests(store, run_id, cfg, parts, seed)
     out = {"env": base.env, "config": base.name, "mode": mode, "seed": seed, "run": run_id,
-           "rounds": rounds, "curve": curve, "curve_source": source,
+           "rounds": rounds, "tail_rounds": tail, "curve": curve, "curve_source": source,
            "spent": store.budget_totals(run_id), "cost": cost(store.budget_totals(run_id),
                                                                proposer_call_cost),
            "proposals": proposal_counts(store, run_id), "tests": final,
@@ -437,8 +460,9 @@ def write_results(rep: dict[str, Any], path: Path) -> Path:
         f"- Seeds: {rep['seeds']} (every seed's run is in the table); base model and seed assets as in each config below",
         f"- Budget: {rep['budget']} rollout-equivalents per (env, seed, mode): every rollout (RL, "
         f"harness-only train, gate arms) counts 1, every proposer call counts {pc}. A mode runs "
-        "rounds while the next round's worst case still fits, so it may leave a remainder; "
-        "`spent` is what it actually used.",
+        "rounds while the next round's worst case still fits; after that, gated and ungated "
+        "spend what is left on RL-only rounds (no proposals) while one RL stage fits, so a "
+        "remainder smaller than a stage may be left; `spent` is what it actually used.",
         f"- Proposers: {', '.join(rep['proposers'])} (LLM proposers on `{rep['proposer_model']}`)",
         "- Test: the final incumbent (assets + checkpoint) once on the test split; 95% intervals "
         "are Student-t over every seed's per-task results pooled. Partial credit: the environment "
@@ -469,7 +493,8 @@ def write_results(rep: dict[str, Any], path: Path) -> Path:
             pcount = [r["proposals"] for r in mr]
             cells += [", ".join(f"{r['cost']:g}" for r in mr),
                       ", ".join(f"{r['spent'].get('eval_rollouts', 0):g}" for r in mr),
-                      ", ".join(str(r["rounds"]) for r in mr),
+                      ", ".join(str(r["rounds"]) + (f" ({r['tail_rounds']} RL-only)" if r.get("tail_rounds") else "")
+                                for r in mr),
                       f"{sum(p['accepted'] for p in pcount)} / {sum(p['rejected'] for p in pcount)} "
                       f"({sum(p['budget'] for p in pcount)}) / {sum(p['invalid'] for p in pcount)}"]
             lines.append("| " + " | ".join(cells) + " |")
@@ -531,7 +556,11 @@ def estimate(bases: list[RunConfig], seeds: int, budget: int, pc: int, null_n: i
             st = b.rl.stage
             rl_n = rounds * st.steps * st.tasks_per_step * st.samples * MODES[mode].train
             other = rounds * (fixed + gate / 2 - pc * len(b.proposers) * MODES[mode].propose) - rl_n
-            total += seeds * (rl_n * rl + max(other, 0) * ev + (rounds + 1) * val * ev
+            tail = 0
+            if MODES[mode].train and MODES[mode].propose:  # the RL-only tail (module docstring)
+                tail = max(0, int((budget - rounds * (fixed + gate / 2)) // rl_cost(b)))
+            total += seeds * (rl_n * rl + max(other, 0) * ev + (rounds + tail + 1) * val * ev
+                              + tail * rl_cost(b) * rl
                               + tests * ev + rounds * llm * MODES[mode].propose + 5)
     return total + 2 * null_n * 1.5 * (bases[-1].splits.val_n or 40) * SEC_EVAL.get(
         bases[-1].env.split(":")[0], 0.8)
@@ -549,8 +578,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--budget", type=int, default=None,
                     help="total rollout-equivalents per (env, seed) and mode (default 160; small 20)")
     ap.add_argument("--proposer-call-cost", type=int, default=8)
-    ap.add_argument("--proposers", default=None, help="comma list (default: every registered)")
-    ap.add_argument("--proposer-model", default="embedded")
+    ap.add_argument("--proposers", default=DEFAULT_PROPOSERS, help="comma list (default: %(default)s)")
+    ap.add_argument("--proposer-model", default=DEFAULT_PROPOSER_MODEL,
+                    help="backend spec or ProposerModel mapping in YAML (default: %(default)s)")
+    ap.add_argument("--null-env", default="arithmetic",
+                    help="--envs entry the false-accept check runs on (default: %(default)s)")
     ap.add_argument("--model", default=None, help="policy backend spec (default: the config's)")
     ap.add_argument("--monitor-n", type=int, default=None, help="val tasks of the bench monitor")
     ap.add_argument("--null-n", type=int, default=None, help="null candidates per variant")
@@ -566,7 +598,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     monitor_n = a.monitor_n or (4 if a.small else 20)
     null_n = a.null_n if a.null_n is not None else (2 if a.small else 10)
     envs = (a.envs or ("arithmetic" if a.small else "bfcl,arithmetic")).split(",")
-    proposers = a.proposers.split(",") if a.proposers else default_proposers()
+    proposers = a.proposers.split(",")
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     out = (a.out or REPO / "bench" / "out" / "coevolution" / stamp).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -616,7 +648,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if null_file.exists():
         null = json.loads(null_file.read_text())
     elif null_n and (not a.report_only or a.null_n is not None):  # --report-only --null-n N: just that
-        null = false_accepts(bases[-1], store, null_n)
+        null_base = next((b for b, e in zip(bases, envs) if e == a.null_env), bases[-1])
+        null = false_accepts(null_base, store, null_n)
         null_file.write_text(json.dumps(null, default=str))
     else:
         null = None

@@ -111,3 +111,60 @@ def test_small_run_writes_the_table_plot_and_null_check(tmp_path):
     assert re.search(r"\| independent \| 2 \| \d+ \|", null)
     # Paired seeds on a null candidate: the same prompt and seed give the same sample.
     assert all(row["differing"] == 0 for row in rep["null"]["variants"]["paired"]["rows"])
+
+
+class _FakeStore:
+    """The few store reads run_mode makes, over budget rows the fake loop below writes."""
+
+    def __init__(self):
+        self.rows: dict[int, dict[str, float]] = {}
+
+    def runs(self):
+        return []
+
+    def budget_totals(self, run, round=None):
+        if round is not None:
+            return dict(self.rows[round])
+        out: dict[str, float] = {}
+        for row in self.rows.values():
+            for k, v in row.items():
+                out[k] = out.get(k, 0.0) + v
+        return out
+
+    def get_round(self, run, r):
+        return type("Round", (), {"summary": {"val_score": 0.1 * r}})()
+
+
+def test_gated_spends_the_remainder_on_rl_only_rounds(monkeypatch):
+    """A gated round reserves a whole gate it rarely spends; once a full round no longer fits,
+    the rest of the budget goes to rounds without proposers (module docstring: RL-only tail)."""
+    import coevo.loop as loop
+
+    b = _base(small=False)  # RL stage 32 rollouts; one proposer call = 8; gate worst case 40
+    store, seen = _FakeStore(), []
+
+    def fake_run(cfg, store_, parts, *, resume=None, progress=None):
+        r = cfg.rounds - 1
+        seen.append((len(parts.proposers), cfg.budgets.rollouts))
+        gate = 10 if parts.proposers else 0  # the sequential gate stopped at the screen
+        store_.rows[r] = {"rollouts": 32.0 + gate,
+                          "proposer_calls": float(len(parts.proposers)), "eval_rollouts": 20.0}
+        return type("Res", (), {"run": "R"})()
+
+    monkeypatch.setattr(loop, "build_parts", lambda cfg: loop.Parts(env=None, backend=None,
+                                                                    proposers=[object()]))
+    monkeypatch.setattr(loop, "run_coevolution", fake_run)
+    monkeypatch.setattr(bench, "final_tests", lambda *a: {})
+    monkeypatch.setattr(bench, "proposal_counts", lambda *a: {})
+    out = bench.run_mode(b, "gated", 0, 160, store, proposer_call_cost=8, monitor_n=4,
+                         base_val=0.2)
+    # Full rounds cost 32 + 8 + 10 = 50 each while 80 more (40 + 40) fit: 50, 100; then 60 is
+    # left, under a full round's 80 but over an RL stage's 32: one RL-only round (132); 28 left.
+    assert seen == [(1, 160 - 40 - 8), (1, 160 - 50 - 40 - 8), (0, None)]
+    assert out["rounds"] == 3 and out["tail_rounds"] == 1 and out["cost"] == 132.0
+    assert [x for x, _ in out["curve"]] == [0.0, 50.0, 100.0, 132.0]
+
+    store.rows.clear(), seen.clear()
+    out = bench.run_mode(b, "harness-only", 0, 160, store, proposer_call_cost=8, monitor_n=4,
+                         base_val=0.2)
+    assert out["tail_rounds"] == 0 and all(n == 1 for n, _ in seen)  # cannot train: no tail
