@@ -143,7 +143,7 @@ SCENARIOS = {  # scenario -> (incumbent rubric, cassette)
 
 def replayed(scenario: str, harness, train, env):
     make_rubric, tape = SCENARIOS[scenario]
-    proposer = make_proposer("rubrics", cassette=str(CASSETTES / tape), cassette_mode="replay")
+    proposer = make_proposer("rubrics", cassette=str(CASSETTES / tape), mode="replay")
     cands = proposer.propose(context(harness, make_rubric(), train, env))
     assert proposer.lm.coevo_engine.calls == 0  # answered from the cassette, no model loaded
     return cands
@@ -276,7 +276,7 @@ def record() -> None:
         path.unlink(missing_ok=True)
         answer = ANSWERS[scenario]
         backend = HandWritten(answer if isinstance(answer, str) else json.dumps(answer))
-        p = RubricsProposer(cassette=str(path), cassette_mode="record", backend=backend)
+        p = RubricsProposer(cassette=str(path), mode="record", backend=backend)
         [c] = p.propose(context(h, make_rubric(), trajs, envr))
         print(f"{tape}: {len(backend.requests)} request(s); "
               f"{'valid' if c.asset is not None else 'invalid: ' + str(c.error)}")

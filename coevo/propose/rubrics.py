@@ -157,11 +157,11 @@ def build_candidate(incumbent: Rubric, proposed: Any, *, kinds: tuple[str, ...],
 
 
 class RubricsProposer:
-    """Options: model (a ProposerModel, backend spec or dict), cassette (+ cassette_mode) for
+    """Options: model (a ProposerModel, backend spec or dict), cassette (+ mode) for
     record/replay, max_new_criteria, kinds (criterion kinds offered), digest sizes (n_fail,
     n_success, transcript_chars, digest_chars), backend (an already built Backend)."""
 
-    def __init__(self, model: Any = None, cassette: str | None = None, cassette_mode: str = "auto",
+    def __init__(self, model: Any = None, cassette: str | None = None, mode: str = "auto",
                  max_new_criteria: int = 3, kinds: tuple[str, ...] | list[str] = DEFAULT_KINDS,
                  n_fail: int = 4, n_success: int = 2, transcript_chars: int = 600,
                  digest_chars: int = 6000, backend: Any = None, name: str = "rubrics"):
@@ -173,7 +173,7 @@ class RubricsProposer:
         self.max_new, self.kinds = max_new_criteria, tuple(kinds)
         self.n_fail, self.n_success = n_fail, n_success
         self.transcript_chars, self.digest_chars, self.name = transcript_chars, digest_chars, name
-        self.lm = proposer_lm(model, cassette=cassette, mode=cassette_mode,  # type: ignore[arg-type]
+        self.lm = proposer_lm(model, cassette=cassette, mode=mode,  # type: ignore[arg-type]
                               backend=backend)
         self.program = dspy.Predict(ProposeCriteria)
 
