@@ -530,7 +530,9 @@ def write_results(rep: dict[str, Any], path: Path) -> Path:
         lines.append("")
     else:
         lines += ["Not run (--null-n 0).", ""]
-    lines += ["## Configs", "", "```json", json.dumps(rep["configs"], indent=1), "```", ""]
+    # Paths relative to the repository, so the page reads the same on any checkout.
+    configs = json.dumps(rep["configs"], indent=1).replace(f"{REPO}/", "").replace(f'"{REPO}"', '"."')
+    lines += ["## Configs", "", "```json", configs, "```", ""]
     path.write_text("\n".join(lines), encoding="utf-8")
     return path
 
