@@ -1,0 +1,155 @@
+"""Runs, rounds, checkpoints and the budget ledger in the store."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+
+from coevo.errors import CoevoError, NotFound
+from coevo.store import tables as T
+from coevo.store.base import StoreBase, new_id
+from coevo.store.records import (
+    CheckpointRecord,
+    RoundRecord,
+    RunRecord,
+    checkpoint_record,
+    round_record,
+    run_record,
+)
+
+
+class RunStore(StoreBase):
+    # --- runs and rounds ---------------------------------------------------------------------
+
+    def create_run(self, name: str, config: dict[str, Any] | None = None, mode: str = "gated",
+                   status: str = "created", id: str | None = None) -> RunRecord:
+        """Register a run. Names are unique (a resume finds the run by name)."""
+        with self.transaction() as s:
+            if s.execute(sa.select(T.Run.id).where(T.Run.name == name)).first():
+                raise CoevoError(f"a run named {name!r} already exists")
+            row = T.Run(id=id or new_id(), name=name, config=config or {}, mode=mode,
+                        status=status)
+            s.add(row)
+            s.flush()
+            return run_record(row)
+
+    def get_run(self, ref: str) -> RunRecord:
+        """A run by id or name."""
+        with self.transaction() as s:
+            return run_record(self._run(s, ref))
+
+    def set_run_status(self, ref: str, status: str) -> RunRecord:
+        with self.transaction() as s:
+            row = self._run(s, ref)
+            row.status = status
+            s.flush()
+            return run_record(row)
+
+    def runs(self) -> list[RunRecord]:
+        """All runs, oldest first."""
+        with self.transaction() as s:
+            rows = s.execute(sa.select(T.Run).order_by(T.Run.created_at, T.Run.id)).scalars()
+            return [run_record(r) for r in rows]
+
+    def start_round(self, run: str, index: int | None = None) -> RoundRecord:
+        """Open a round (status "running"); `index` defaults to one past the last round."""
+        with self.transaction() as s:
+            run_id = self._run(s, run).id
+            if index is None:
+                last = s.execute(sa.select(sa.func.max(T.Round.index))
+                                 .where(T.Round.run_id == run_id)).scalar()
+                index = 0 if last is None else last + 1
+            elif s.execute(sa.select(T.Round.id).where(T.Round.run_id == run_id,
+                                                       T.Round.index == index)).first():
+                raise CoevoError(f"run {run_id} already has a round {index}")
+            row = T.Round(run_id=run_id, index=index, status="running", summary={})
+            s.add(row)
+            s.flush()
+            return round_record(row)
+
+    def finish_round(self, run: str, index: int, status: str = "done",
+                     summary: dict[str, Any] | None = None) -> RoundRecord:
+        """Close a round with its status and summary (the end time is set now)."""
+        with self.transaction() as s:
+            row = self._round(s, self._run(s, run).id, index)
+            row.status, row.ended_at = status, T.utcnow()
+            if summary is not None:
+                row.summary = summary
+            s.flush()
+            return round_record(row)
+
+    def get_round(self, run: str, index: int) -> RoundRecord:
+        with self.transaction() as s:
+            return round_record(self._round(s, self._run(s, run).id, index))
+
+    def rounds(self, run: str) -> list[RoundRecord]:
+        with self.transaction() as s:
+            run_id = self._run(s, run).id
+            rows = s.execute(sa.select(T.Round).where(T.Round.run_id == run_id)
+                             .order_by(T.Round.index)).scalars()
+            return [round_record(r) for r in rows]
+
+    # --- checkpoints -------------------------------------------------------------------------
+
+    def add_checkpoint(self, *, path: str, sha256: str, base_model: str, step: int,
+                       run: str | None = None, round: int | None = None,
+                       parent: str | None = None, harness: str | None = None,
+                       skill_library: str | None = None, rubric: str | None = None,
+                       id: str | None = None) -> CheckpointRecord:
+        """Record a saved adapter and the assets it was trained with (hashes must be stored)."""
+        with self.transaction() as s:
+            run_id, round = self._run_round(s, run, round)
+            refs = self._check_assets(s, "checkpoint", dict(
+                harness=harness, skill_library=skill_library, rubric=rubric))
+            if parent is not None and s.get(T.Checkpoint, parent) is None:
+                raise NotFound(f"checkpoint: parent {parent!r} is not in the store")
+            row = T.Checkpoint(id=id or new_id(), run_id=run_id, round=round, path=str(path),
+                               sha256=sha256, base_model=base_model, step=step, parent_id=parent,
+                               harness_hash=refs["harness"], rubric_hash=refs["rubric"],
+                               skill_library_hash=refs["skill_library"])
+            s.add(row)
+            s.flush()
+            return checkpoint_record(row)
+
+    def get_checkpoint(self, ref: str) -> CheckpointRecord:
+        """A checkpoint by id, or by its file's sha256 (the earliest record of that file)."""
+        with self.transaction() as s:
+            row = s.get(T.Checkpoint, ref) or s.execute(
+                sa.select(T.Checkpoint).where(T.Checkpoint.sha256 == ref)
+                .order_by(T.Checkpoint.created_at)).scalar()
+            if row is None:
+                raise NotFound(f"no checkpoint with id or sha256 {ref!r}")
+            return checkpoint_record(row)
+
+    def latest_checkpoint(self, run: str | None = None) -> CheckpointRecord | None:
+        """The highest-step checkpoint of `run` (of any run when None); None if there is none."""
+        with self.transaction() as s:
+            q = sa.select(T.Checkpoint).order_by(T.Checkpoint.step.desc(),
+                                                 T.Checkpoint.created_at.desc())
+            if run is not None:
+                q = q.where(T.Checkpoint.run_id == self._run(s, run).id)
+            row = s.execute(q.limit(1)).scalar()
+            return checkpoint_record(row) if row else None
+
+    # --- budgets -----------------------------------------------------------------------------
+
+    def add_budget(self, run: str, kind: str, amount: float, round: int | None = None) -> None:
+        """Charge `amount` of `kind` (rollouts, tokens, proposer_calls, seconds ...) to a run."""
+        with self.transaction() as s:
+            run_id, round = self._run_round(s, run, round)
+            s.execute(sa.insert(T.Budget.__table__), [{"run_id": run_id, "round": round,
+                                                       "kind": kind, "amount": float(amount),
+                                                       "created_at": T.utcnow()}])
+
+    def budget_totals(self, run: str, round: int | None = None) -> dict[str, float]:
+        """Total spent per kind for a run (or one of its rounds)."""
+        b = T.Budget
+        with self.transaction() as s:
+            q = (sa.select(b.kind, sa.func.sum(b.amount)).where(b.run_id == self._run(s, run).id)
+                 .group_by(b.kind).order_by(b.kind))
+            if round is not None:
+                q = q.where(b.round == round)
+            return {k: float(v) for k, v in s.execute(q)}
+
+
