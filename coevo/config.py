@@ -35,8 +35,11 @@ class ModelSpec(_Block):
 
 
 class SeedAssets(_Block):
-    """The round-0 incumbent, by stored name or hash (`coevo init` loads the seed folder), or
-    loaded from `seed_dir` (harnesses/, skills/, rubrics/) when given."""
+    """The round-0 incumbent, resolved to exact versions once, when the run is created (the
+    run records their hashes): a name is the version in `seed_dir`'s files (harnesses/,
+    skills/, rubrics/) when given, else the store's seed version of that name (what `coevo
+    init` imported; never a revision another run accepted); `name@hash` or a hash (prefix)
+    names one version exactly."""
 
     harness: str
     skill_library: str | None = None

@@ -215,17 +215,27 @@ def open_run(cfg: RunConfig, store: Any, parts: Parts, resume: str | None,
 
 
 def seed_incumbent(cfg: RunConfig, store: Any) -> Incumbent:
-    """The round-0 incumbent: seed assets by name/hash (after loading `seed_dir`, if given)."""
+    """The round-0 incumbent, pinned by hash when the run is created (the run records the
+    hashes and a resume reads them back, never the names): a name given in `assets` is the
+    version loaded from `seed_dir`'s files when that folder has it, else the store's seed
+    version of that name (`Store.resolve_seed`: never a revision some run accepted);
+    `name@hash` or a hash names one version exactly."""
     a = cfg.assets
+    files: dict[tuple[str, str], str] = {}
     if a.seed_dir:
         from coevo.assets.io import load_seed_dir
 
         with store.transaction():
             for asset in load_seed_dir(a.seed_dir):
-                store.put_asset(asset)
-    harness = store.get_asset("harness", a.harness)
-    rubric = store.get_asset("rubric", a.rubric) if a.rubric else None
-    library, skills = (store.get_library(a.skill_library) if a.skill_library else (None, []))
+                files[(asset.kind, asset.name)] = store.put_asset(asset)
+
+    def pin(kind: str, ref: str) -> str:
+        return files.get((kind, ref)) or store.resolve_seed(kind, ref).hash
+
+    harness = store.get_asset("harness", pin("harness", a.harness))
+    rubric = store.get_asset("rubric", pin("rubric", a.rubric)) if a.rubric else None
+    library, skills = (store.get_library(pin("skill_library", a.skill_library))
+                       if a.skill_library else (None, []))
     return Incumbent(harness=harness, library=library, skills=skills, rubric=rubric)
 
 

@@ -315,3 +315,40 @@ def test_soft_gate_scores_are_the_reward_over_its_maximum():
         {"id": "named", "kind": "tool_called", "params": {"name_in_offered": True}}]})
     assert _unit(2.0, r) == 1.0 and _unit(0.5, r) == 0.25 and _unit(0.0, r) == 0.0
     assert _unit(1.0, None) == 1.0 and _unit(None, r) is None
+
+
+def test_a_second_run_in_the_store_starts_from_the_seed_files(tmp_path):
+    """Two runs in one store: the first accepts a revision of harness "tiny"; the second,
+    configured with the same name and seed folder, starts from the seed file's version, not
+    from what the first run accepted (the bench puts every run in one store)."""
+    from coevo.assets.io import asset_path, dump_asset, load_asset
+
+    seed = tiny_glue_harness()
+    seeds = tmp_path / "seeds"
+    path = dump_asset(seed, asset_path(seeds, seed))
+    file_hash = load_asset(path).hash
+    cfg = config(tmp_path, "harness-only", name="first",
+                 assets={"harness": "tiny", "seed_dir": str(seeds)})
+    store, parts = build(tmp_path, cfg, f"sqlite:///{tmp_path / 'two.db'}")
+    first = run_coevolution(cfg, store, parts)
+    accepted = first.incumbent["harness"]
+    assert accepted != file_hash and store.get_asset("harness", "tiny").hash == accepted
+    second = config(tmp_path, "harness-only", name="second",
+                    assets={"harness": "tiny", "seed_dir": str(seeds)})
+    res = run_coevolution(second, store, parts)
+    seed_hashes = store.get_run(res.run).config["seed"]
+    assert seed_hashes["harness"] == file_hash == store.get_run(first.run).config["seed"]["harness"]
+    # Without a seed folder the store's seed version is used; name@hash pins any version.
+    third = config(tmp_path, "harness-only", name="third", assets={"harness": "tiny"})
+    assert run_coevolution(third, store, parts).rounds[0]["val_start_score"] == 0.0
+    assert store.get_run("third").config["seed"]["harness"] == file_hash
+    fourth = config(tmp_path, "harness-only", name="fourth",
+                    assets={"harness": f"tiny@{accepted[:12]}"})
+    run_coevolution(fourth, store, parts)
+    assert store.get_run("fourth").config["seed"]["harness"] == accepted
+
+
+def tiny_glue_harness():
+    import tiny_glue
+
+    return tiny_glue.tiny_harness(decoding={"temperature": 1.0, "max_new_tokens": 8})

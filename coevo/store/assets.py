@@ -116,6 +116,37 @@ class AssetStore(StoreBase):
             raise NotFound(f"no {what} version matches {ref!r}{hint}")
         return asset_record(row)
 
+    def resolve_seed(self, kind: str, ref: str) -> AssetRecord:
+        """The version a new run starts from, pinned once when the run is created:
+        `name@hash` (or `name@prefix`) is exactly that version of that name; a full hash or
+        unique prefix is that version; a plain name is the latest version of that name that
+        no proposal produced (imported by `coevo init` or put by a person). Unlike `resolve`,
+        a name never means a revision another run accepted: runs sharing a store must not
+        start from each other's results."""
+        if "@" in ref:
+            name, _, version = ref.partition("@")
+            rec = self.resolve(kind, version)
+            if rec.hash != version and not rec.hash.startswith(version):
+                raise NotFound(f"{kind} {ref!r}: {version!r} is not a hash or hash prefix")
+            if rec.name != name:
+                raise NotFound(f"{kind} {ref!r}: version {rec.hash[:12]} is named {rec.name!r}")
+            return rec
+        av, pt = T.AssetVersion.__table__, T.Proposal.__table__
+        produced = sa.select(pt.c.candidate_hash).where(pt.c.candidate_hash.is_not(None))
+        with self.transaction() as s:
+            row = s.execute(sa.select(av.c.hash, av.c.kind, av.c.name, av.c.parent_hash,
+                                      av.c.created_at)
+                            .where(av.c.kind == kind, av.c.name == ref,
+                                   av.c.hash.not_in(produced))
+                            .order_by(av.c.seq.desc())).first()
+        if row is not None:
+            return asset_record(row)
+        rec = self.resolve(kind, ref)  # a hash or prefix (a name alone is no seed)
+        if rec.name == ref:
+            raise NotFound(f"no seed version of {kind} {ref!r}: every stored version was made "
+                           f"by a proposal; name one explicitly as {ref}@HASH")
+        return rec
+
     def get_asset(self, kind: str | None, ref: str) -> Asset:
         """The stored version `ref` (see `resolve`) rebuilt as its asset class."""
         rec = self.resolve(kind, ref)
