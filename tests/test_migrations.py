@@ -35,7 +35,7 @@ def test_blank_database_migrates_to_the_orm_schema(db_url):
     store = Store(make_engine(db_url))
     assert store.current_revision() is None
     store.upgrade()
-    assert store.current_revision() == store.head_revision() == "0003"
+    assert store.current_revision() == store.head_revision() == "0004"
     with store.engine.connect() as conn:
         diffs = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}),
                                  Base.metadata)
@@ -95,7 +95,7 @@ def test_upgrade_from_0001_keeps_data(db_url):
     old.close()
 
     store = Store.open(db_url)  # opening migrates to head
-    assert store.current_revision() == "0003"
+    assert store.current_revision() == "0004"
     assert store.get_asset("testmignote", "seed") == child  # latest version of that name
     assert [r.hash for r in store.ancestors(child.hash)] == [note.hash]
     assert store.get_run("old-run").config == {"seed": 1}
@@ -113,7 +113,7 @@ def test_database_from_a_newer_coevo_is_a_clear_error(db_url):
     store = Store.open(db_url)
     with store.engine.begin() as conn:
         conn.execute(sa.text("UPDATE alembic_version SET version_num = '9999'"))
-    with pytest.raises(CoevoError, match="9999.*newest revision is 0003"):
+    with pytest.raises(CoevoError, match="9999.*newest revision is 0004"):
         store.upgrade()
     store.close()
 
@@ -121,7 +121,7 @@ def test_database_from_a_newer_coevo_is_a_clear_error(db_url):
 def test_open_without_migrate_leaves_blank_database(tmp_path):
     store = Store.open(str(tmp_path / "x.db"), migrate=False)
     assert store.current_revision() is None
-    assert store.head_revision() == "0003"
+    assert store.head_revision() == "0004"
     store.upgrade("0001")
     assert store.current_revision() == "0001"
     store.close()
@@ -137,3 +137,59 @@ def test_migration_files_are_package_data():
     for path in needed:
         rel = path.relative_to(REPO / "coevo").as_posix()
         assert any(fnmatch(rel, p) for p in patterns), f"{rel} is not package data"
+
+
+def test_upgrade_from_0003_keeps_data_and_enforces_the_idempotency_keys(db_url):
+    """Revision 0004 adds the keys a resume relies on: rows written at 0003 keep their values
+    (no key, no partials, no stages), and from 0004 on the unique constraints refuse a second
+    decision for a proposal, a second proposal of the same candidate by the same proposer in a
+    round, and a second charge or evaluation under one key."""
+    old = Store(make_engine(db_url))
+    old.upgrade("0003")
+    note = MigNote(name="seed", text="a")
+    child = note.child(text="b")
+    now = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    with old.engine.begin() as conn:
+        for a in (note, child):
+            _insert(conn, "asset_versions", hash=a.hash, kind=a.kind, name=a.name,
+                    parent_hash=a.parent, content=json.dumps(a.content()), created_at=now)
+        _insert(conn, "runs", id="run1", name="r", config=json.dumps({}), mode="gated",
+                status="running", created_at=now, updated_at=now)
+        _insert(conn, "rounds", run_id="run1", index=0, status="done", started_at=now,
+                summary=json.dumps({}))
+        _insert(conn, "proposals", id="p1", run_id="run1", round=0, proposer="lm", kind=note.kind,
+                parent_hash=note.hash, candidate_hash=child.hash, status="accepted",
+                rationale="", predicted_effect="", prompt="", raw_output="",
+                diff=json.dumps({}), model="m", created_at=now)
+        _insert(conn, "decisions", id="d1", proposal_id="p1", policy="paired", accepted=True,
+                reason="ok", statistic=json.dumps({"p_value": 0.01}), rollouts=4, created_at=now)
+        _insert(conn, "evidence", decision_id="d1", proposal_id="p1", task_id="t", sample=0,
+                incumbent=0.0, candidate=1.0, status="ok")
+        _insert(conn, "budgets", run_id="run1", round=0, kind="rollouts", amount=4.0,
+                created_at=now)
+    old.close()
+
+    store = Store.open(db_url)
+    assert store.current_revision() == "0004"
+    [d] = store.decisions("p1")
+    assert (d.reason, d.metric, d.stages, d.statistic) == ("ok", "", [], {"p_value": 0.01})
+    [e] = d.evidence
+    assert (e.incumbent, e.candidate, e.incumbent_partial, e.candidate_partial) == (0.0, 1.0, None, None)
+    assert store.budget_totals("r") == {"rollouts": 4.0}
+    with pytest.raises(CoevoError, match="rejected the write"):
+        store.add_decision("p1", policy="paired", accepted=False, reason="again")
+    with pytest.raises(CoevoError, match="rejected the write"):
+        store.add_proposal(proposer="lm", kind=note.kind, parent=note.hash, candidate=child.hash,
+                           run="r", round=0)
+    store.add_budget("r", "rollouts", 6, round=0, key="rl:0:1")
+    store.add_budget("r", "rollouts", 6, round=0, key="rl:0:1")  # redone after a crash: once
+    assert store.budget_totals("r") == {"rollouts": 10.0}
+    assert store.budget_totals("r", exclude_prefix="rl:") == {"rollouts": 4.0}
+    ev = store.create_evaluation(split="val", env="toy", run="r", round=0, key="k" * 64)
+    assert store.find_evaluation("k" * 64) == ev and store.get_evaluation(ev).key == "k" * 64
+    with pytest.raises(CoevoError, match="rejected the write"):
+        store.create_evaluation(split="val", env="toy", key="k" * 64)
+    with store.engine.begin() as conn, pytest.raises(sa.exc.IntegrityError):
+        _insert(conn, "budgets", run_id="run1", round=0, kind="rollouts", amount=1.0,
+                key="rl:0:1", created_at=now)  # the constraint itself, below the API
+    store.close()

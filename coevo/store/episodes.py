@@ -82,8 +82,9 @@ class EpisodeStore(StoreBase):
                           round: int | None = None, harness: str | None = None,
                           skill_library: str | None = None, rubric: str | None = None,
                           checkpoint: str | None = None, summary: dict[str, Any] | None = None,
-                          id: str | None = None) -> str:
-        """Open an evaluation of fixed (assets, checkpoint) on a split; returns its id."""
+                          id: str | None = None, key: str | None = None) -> str:
+        """Open an evaluation of fixed (assets, checkpoint) on a split; returns its id. `key`:
+        an idempotency key, unique in the store (`find_evaluation`)."""
         with self.transaction() as s:
             run_id, round = self._run_round(s, run, round)
             self._check_assets(s, "evaluation", dict(harness=harness, rubric=rubric,
@@ -91,10 +92,15 @@ class EpisodeStore(StoreBase):
             row = T.Evaluation(id=id or new_id(), run_id=run_id, round=round, split=split,
                                env=env, harness_hash=harness, skill_library_hash=skill_library,
                                rubric_hash=rubric, checkpoint_id=checkpoint, n=0,
-                               summary=summary or {})
+                               summary=summary or {}, key=key)
             s.add(row)
             s.flush()
             return row.id
+
+    def find_evaluation(self, key: str) -> str | None:
+        """The id of the evaluation stored under idempotency `key` (None: none yet)."""
+        with self.transaction() as s:
+            return s.execute(sa.select(T.Evaluation.id).where(T.Evaluation.key == key)).scalar()
 
     def add_results(self, evaluation: str, results: Sequence[ResultRow | dict[str, Any]],
                     summary: dict[str, Any] | None = None) -> int:
@@ -132,5 +138,5 @@ class EpisodeStore(StoreBase):
                 created_at=ev.created_at, results=[ResultRow(
                     task_id=r.task_id, sample=r.sample, outcome=r.outcome, success=r.success,
                     reward=r.reward, criteria=r.criteria, status=r.status,
-                    trajectory=r.trajectory_id) for r in results])
+                    trajectory=r.trajectory_id) for r in results], key=ev.key)
 

@@ -81,15 +81,20 @@ class ProposalStore(StoreBase):
 
     def add_decision(self, proposal: str, *, policy: str, accepted: bool, reason: str,
                      statistic: dict[str, Any] | None = None, rollouts: int = 0,
-                     evidence: Sequence[EvidenceRow | dict[str, Any]] = ()) -> str:
-        """Record a gate decision with its per-task evidence, and set the proposal's status to
-        accepted / rejected in the same transaction. Returns the decision id."""
+                     evidence: Sequence[EvidenceRow | dict[str, Any]] = (), metric: str = "",
+                     stages: Sequence[Any] = ()) -> str:
+        """Record a gate decision with its per-task evidence, the metric it decided on and the
+        stage records of its comparison (pydantic models or dicts), and set the proposal's
+        status to accepted / rejected in the same transaction. One decision per proposal (a
+        unique constraint). Returns the decision id."""
         ev_rows = [EvidenceRow.model_validate(e) for e in evidence]
         with self.transaction() as s:
             prop = self._proposal(s, proposal)
             row = T.Decision(id=new_id(), proposal_id=prop.id, policy=policy,
                              accepted=accepted, reason=reason, statistic=statistic or {},
-                             rollouts=rollouts)
+                             rollouts=rollouts, metric=metric,
+                             stages=[x.model_dump(mode="json") if hasattr(x, "model_dump")
+                                     else dict(x) for x in stages])
             s.add(row)
             s.flush()
             if ev_rows:
@@ -111,9 +116,12 @@ class ProposalStore(StoreBase):
                 out.append(DecisionRecord(
                     id=r.id, proposal=r.proposal_id, policy=r.policy, accepted=r.accepted,
                     reason=r.reason, statistic=r.statistic, rollouts=r.rollouts,
-                    created_at=r.created_at, evidence=[EvidenceRow(
+                    created_at=r.created_at, metric=r.metric or "", stages=r.stages or [],
+                    evidence=[EvidenceRow(
                         task_id=x.task_id, sample=x.sample, incumbent=x.incumbent,
-                        candidate=x.candidate, status=x.status) for x in rows]))
+                        candidate=x.candidate, status=x.status,
+                        incumbent_partial=x.incumbent_partial,
+                        candidate_partial=x.candidate_partial) for x in rows]))
             return out
 
 

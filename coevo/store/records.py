@@ -99,6 +99,7 @@ class EvaluationRecord(_Record):
     summary: dict[str, Any]
     created_at: datetime
     results: list[ResultRow] = Field(default_factory=list)
+    key: str | None = None  # idempotency key (a gate arm's evaluation)
 
 
 class ProposalRecord(_Record):
@@ -129,6 +130,8 @@ class EvidenceRow(_Record):
     incumbent: float | None = None
     candidate: float | None = None
     status: Literal["ok", "infra_error"] = "ok"
+    incumbent_partial: float | None = None  # each arm's partial credit (the soft gate's metric)
+    candidate_partial: float | None = None
 
 
 class DecisionRecord(_Record):
@@ -141,6 +144,8 @@ class DecisionRecord(_Record):
     rollouts: int
     created_at: datetime
     evidence: list[EvidenceRow] = Field(default_factory=list)
+    metric: str = ""  # outcome | partial | auc (rubric validity); "" without a gate run
+    stages: list[dict[str, Any]] = Field(default_factory=list)  # the last is the cited stop
 
 
 # --- row -> record conversions -------------------------------------------------------------

@@ -134,22 +134,40 @@ class RunStore(StoreBase):
 
     # --- budgets -----------------------------------------------------------------------------
 
-    def add_budget(self, run: str, kind: str, amount: float, round: int | None = None) -> None:
-        """Charge `amount` of `kind` (rollouts, tokens, proposer_calls, seconds ...) to a run."""
+    def add_budget(self, run: str, kind: str, amount: float, round: int | None = None,
+                   key: str | None = None) -> None:
+        """Charge `amount` of `kind` (rollouts, tokens, proposer_calls, seconds ...) to a run.
+        With a `key` the charge is idempotent: a second charge of the same (run, kind, key)
+        is ignored (the first one stands), so work redone after a crash is charged once."""
+        self.charge(run, {kind: amount}, round=round, key=key)
+
+    def charge(self, run: str, amounts: dict[str, float], round: int | None = None,
+               key: str | None = None) -> None:
+        """Several kinds of one charge in one transaction (see `add_budget` for `key`)."""
+        b = T.Budget.__table__
         with self.transaction() as s:
             run_id, round = self._run_round(s, run, round)
-            s.execute(sa.insert(T.Budget.__table__), [{"run_id": run_id, "round": round,
-                                                       "kind": kind, "amount": float(amount),
-                                                       "created_at": T.utcnow()}])
+            if key is not None:
+                have = set(s.execute(sa.select(b.c.kind).where(
+                    b.c.run_id == run_id, b.c.key == key)).scalars())
+                amounts = {k: v for k, v in amounts.items() if k not in have}
+            if amounts:
+                now = T.utcnow()
+                s.execute(sa.insert(b), [{"run_id": run_id, "round": round, "kind": k,
+                                          "amount": float(v), "key": key, "created_at": now}
+                                         for k, v in amounts.items()])
 
-    def budget_totals(self, run: str, round: int | None = None) -> dict[str, float]:
-        """Total spent per kind for a run (or one of its rounds)."""
+    def budget_totals(self, run: str, round: int | None = None,
+                      exclude_prefix: str | None = None) -> dict[str, float]:
+        """Total spent per kind for a run (or one of its rounds); `exclude_prefix` leaves out
+        the charges whose key starts with it (the gate replays its own, coevo/ledger.py)."""
         b = T.Budget
         with self.transaction() as s:
             q = (sa.select(b.kind, sa.func.sum(b.amount)).where(b.run_id == self._run(s, run).id)
                  .group_by(b.kind).order_by(b.kind))
             if round is not None:
                 q = q.where(b.round == round)
+            if exclude_prefix is not None:
+                q = q.where(sa.or_(b.key.is_(None),
+                                   sa.not_(b.key.startswith(exclude_prefix, autoescape=True))))
             return {k: float(v) for k, v in s.execute(q)}
-
-

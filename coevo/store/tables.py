@@ -57,6 +57,9 @@ class UTCDateTime(sa.TypeDecorator):
         return value
 
 
+# Unique keys added after revision 0001 are unique INDEXES (named uq_...): SQLite can add an
+# index in place, while a new constraint would make batch mode recreate the table, which fails
+# with foreign keys on once other tables' rows refer to it.
 # Stable constraint names: alembic needs them to alter or drop constraints later (SQLite batch
 # mode recreates tables by name).
 NAMING = {
@@ -152,7 +155,7 @@ class Checkpoint(Base):
 
 class Evaluation(Base):
     __tablename__ = "evaluations"
-    __table_args__ = (_round_fk(),)
+    __table_args__ = (_round_fk(), sa.Index("uq_evaluations_key", "key", unique=True))
     id: Mapped[str] = mapped_column(ID, primary_key=True)
     run_id: Mapped[str | None] = mapped_column(ID, sa.ForeignKey("runs.id"), index=True)
     round: Mapped[int | None] = mapped_column(sa.Integer)
@@ -165,6 +168,9 @@ class Evaluation(Base):
     n: Mapped[int] = mapped_column(sa.Integer, default=0)  # results recorded
     summary: Mapped[dict] = mapped_column(JSONType, default=dict)
     created_at: Mapped[datetime] = _created()
+    # 0004: idempotency key of a gate arm's evaluation (run, round, assets, checkpoint, tasks
+    # and seeds); a resumed round finds it instead of running the episodes again.
+    key: Mapped[str | None] = mapped_column(sa.String(64))
 
 
 class Trajectory(Base):
@@ -228,7 +234,10 @@ class EvaluationResult(Base):
 
 class Proposal(Base):
     __tablename__ = "proposals"
-    __table_args__ = (_round_fk(),)
+    # 0004: the idempotency key of a proposal (a resumed round reloads, never re-proposes).
+    __table_args__ = (_round_fk(), sa.Index("uq_proposals_run_id_round_proposer_candidate_hash",
+                                            "run_id", "round", "proposer", "candidate_hash",
+                                            unique=True))
     seq: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=True)
     id: Mapped[str] = mapped_column(ID, unique=True)
     run_id: Mapped[str | None] = mapped_column(ID, sa.ForeignKey("runs.id"))
@@ -250,6 +259,7 @@ class Proposal(Base):
 
 class Decision(Base):
     __tablename__ = "decisions"
+    __table_args__ = (sa.Index("uq_decisions_proposal_id", "proposal_id", unique=True),)  # 0004: one verdict per proposal
     id: Mapped[str] = mapped_column(ID, primary_key=True)
     proposal_id: Mapped[str] = mapped_column(ID, sa.ForeignKey("proposals.id"), index=True)
     policy: Mapped[str] = mapped_column(sa.String(100))
@@ -258,6 +268,11 @@ class Decision(Base):
     statistic: Mapped[dict] = mapped_column(JSONType)  # estimate, interval, p-value, stage ...
     rollouts: Mapped[int] = mapped_column(sa.Integer)
     created_at: Mapped[datetime] = _created()
+    # 0004: what the gate decided on, so a decision can be re-derived from its rows: the
+    # per-task metric (outcome | partial; "auc" for a rubric's validity) and the stage records
+    # of the sequential comparison (screen, chunks; the last one is the stop the reason cites).
+    metric: Mapped[str] = mapped_column(sa.String(16), default="", server_default="")
+    stages: Mapped[list | None] = mapped_column(JSONType)
 
 
 class Evidence(Base):
@@ -270,6 +285,9 @@ class Evidence(Base):
     incumbent: Mapped[float | None] = mapped_column(sa.Float)  # None: missing (infra failure)
     candidate: Mapped[float | None] = mapped_column(sa.Float)
     status: Mapped[str] = mapped_column(sa.String(16))  # ok | infra_error
+    # 0004: the partial-credit metric of each arm (what the `soft` gate decides on)
+    incumbent_partial: Mapped[float | None] = mapped_column(sa.Float)
+    candidate_partial: Mapped[float | None] = mapped_column(sa.Float)
 
 
 # --- added by revision 0002 -------------------------------------------------------------------
@@ -283,6 +301,7 @@ class Budget(Base):
     __table_args__ = (
         _round_fk(),
         sa.Index("ix_budgets_run_id_round", "run_id", "round"),
+        sa.Index("uq_budgets_run_id_kind_key", "run_id", "kind", "key", unique=True),
     )
     id: Mapped[int] = mapped_column(sa.Integer, primary_key=True, autoincrement=True)
     run_id: Mapped[str] = mapped_column(ID, sa.ForeignKey("runs.id"))
@@ -290,6 +309,9 @@ class Budget(Base):
     kind: Mapped[str] = mapped_column(sa.String(32))
     amount: Mapped[float] = mapped_column(sa.Float)
     created_at: Mapped[datetime] = _created()
+    # 0004: idempotency key of a charge (e.g. "rl:0:3" for step 3 of round 0's RL stage): a
+    # step or evaluation redone after a crash is charged once.
+    key: Mapped[str | None] = mapped_column(sa.String(200))
 
 
 # Audit-query indexes, also from revision 0002: "every trajectory of harness version X" and
