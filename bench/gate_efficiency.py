@@ -18,6 +18,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +26,8 @@ from scipy import optimize, special
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from coevo.gate import Evidence, GatePolicy, PairedOutcome, compare  # noqa: E402
+from coevo.gate import Evidence, GatePolicy, PairedOutcome  # noqa: E402
+from coevo.sequential import compare, compare_family  # noqa: E402
 
 _NODES, _WEIGHTS = np.polynomial.hermite_e.hermegauss(80)  # E[f(Z)], Z ~ N(0, 1)
 
@@ -98,6 +100,54 @@ def simulated(reps: int, n_tasks: int, policy: GatePolicy, seed: int = 0, base: 
         all_rows += rows
     out.append(summarize("mix (all)", all_rows))
     return out
+
+
+def simulate_family(rng: np.random.Generator, n_tasks: int, base: float, effects: Sequence[float],
+                    sigma: float = 2.5) -> tuple[np.ndarray, list[np.ndarray]]:
+    """One round: the incumbent's outcomes and one candidate's per effect, on the same tasks
+    (shared difficulty b), each candidate drawn independently given b."""
+    b = rng.normal(0.0, sigma, n_tasks)
+    mu, _ = calibrate(base, 0.0, sigma)
+    inc = (rng.random(n_tasks) < special.expit(mu + b)).astype(float)
+    cands = []
+    for effect in effects:
+        _, delta = calibrate(base, effect, sigma)
+        cands.append((rng.random(n_tasks) < special.expit(mu + delta + b)).astype(float))
+    return inc, cands
+
+
+def family(reps: int, n_tasks: int, policy: GatePolicy, effects: Sequence[float], seed: int = 0,
+           base: float = 0.4, sigma: float = 2.5) -> dict:
+    """Rounds of len(effects) candidates against one incumbent, decided as one family
+    (sequential compare at the family's levels, then Holm: coevo.sequential.compare_family),
+    and the same rounds fully evaluated. Family-wise false accepts: rounds accepting at least
+    one candidate with effect <= 0; power: accepts of the candidates with effect > 0."""
+    rng = np.random.default_rng([seed, len(effects), int(round(1000 * max(effects))) + 1000])
+    good = [k for k, e in enumerate(effects) if e > 0]
+    rows = []
+    for r in range(reps):
+        inc, cands = simulate_family(rng, n_tasks, base, effects, sigma)
+        arms = [table_run_arm(_from_arrays(inc, c)) for c in cands]
+        tasks = sorted(_from_arrays(inc, cands[0]))
+        pol = policy.model_copy(update={"seed": r})
+        seq = [d for _, d in compare_family(arms, tasks, pol)]
+        full = [d for _, d in compare_family(arms, tasks, pol, sequential=False)]
+        rows.append({"seq": [d.accepted for d in seq], "full": [d.accepted for d in full],
+                     "seq_rollouts": sum(d.rollouts for d in seq),
+                     "full_rollouts": sum(d.rollouts for d in full)})
+
+    def fw(key: str) -> float:
+        return float(np.mean([any(a for k, a in enumerate(x[key]) if k not in good) for x in rows]))
+
+    def power(key: str) -> float | None:
+        return float(np.mean([x[key][k] for x in rows for k in good])) if good else None
+
+    return {"effects": list(effects), "reps": reps, "fwer_seq": fw("seq"), "fwer_full": fw("full"),
+            "power_seq": power("seq"), "power_full": power("full"),
+            "agree": float(np.mean([x["seq"] == x["full"] for x in rows])),
+            # sequential accepts the full evaluation + Holm would not make (must be 0)
+            "seq_only": sum(a and not b for x in rows for a, b in zip(x["seq"], x["full"])),
+            "ratio": sum(x["seq_rollouts"] for x in rows) / sum(x["full_rollouts"] for x in rows)}
 
 
 def real(path: Path, orders: int, policy: GatePolicy) -> list[dict]:

@@ -91,6 +91,8 @@ class RunConfig(_Block):
     name: str = Field(min_length=1, max_length=200)
     env: str  # a make_env spec, e.g. "rg:basic_arithmetic" or "bfcl:simple_python"
     model: ModelSpec = Field(default_factory=ModelSpec)
+    # The backend answering the rubric's llm_judge criteria (None: the policy's own backend).
+    judge: ModelSpec | None = None
     assets: SeedAssets
     mode: Mode = "gated"
     rounds: int = Field(3, ge=1)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -180,22 +180,33 @@ def evaluate(store: Any, env: str | Environment, assets: AgentAssets,
              backend: Backend | None = None, *, tasks: Sequence[Task] | None = None,
              split: str = "val", n: int | None = None, samples: int = 1, seed: int = 0,
              checkpoint: str | None = None, run: str | None = None, round: int | None = None,
-             executor: Executor | None = None, store_trajectories: bool = True) -> EvalResult:
+             executor: Executor | None = None, store_trajectories: bool = True,
+             task_seeds: dict[str, list[int]] | None = None, judge: Backend | None = None,
+             key: str | None = None,
+             on_stored: Callable[[EvalResult], None] | None = None) -> EvalResult:
     """Run `samples` episodes of each task (given `tasks`, or `env.tasks(split, n)`), store
     every trajectory and result row under a new evaluation, and return its summary.
 
     checkpoint: a stored checkpoint (id or sha256); its adapter is loaded on the backend
     (verified against the stored sha256) and recorded. executor: where the episodes run
-    (default: this process, on `backend`). run/round: the run the evaluation belongs to.
+    (default: this process, on `backend`, with `judge` for llm_judge criteria). run/round: the
+    run the evaluation belongs to. task_seeds: every task's own sample seeds instead of `seed`.
+    key: an idempotency key: when an evaluation is stored under it, that one is returned
+    (nothing runs); otherwise the new one is stored under it. on_stored(result): called inside
+    the transaction that stores the evaluation (e.g. to charge its cost, so the charge and the
+    rows are written together or not at all).
     """
     if split not in SPLITS:
         raise CoevoError(f"split: {split!r}; expected one of {', '.join(SPLITS)}")
     if samples < 1:
         raise CoevoError(f"samples: must be >= 1, got {samples}")
+    if key is not None and (done := store.find_evaluation(key)) is not None:
+        rec = store.get_evaluation(done)
+        return EvalResult.model_validate({**rec.summary, "evaluation": rec.id})
     if executor is None:
         if backend is None:
             raise CoevoError("evaluate: give a backend or an executor")
-        executor = LocalExecutor(backend)
+        executor = LocalExecutor(backend, judge=judge)
     env_obj = resolve_env(env)
     task_list = list(tasks) if tasks is not None else env_obj.tasks(split, n)
     if not task_list:
@@ -204,7 +215,7 @@ def evaluate(store: Any, env: str | Environment, assets: AgentAssets,
     hashes = assets.put(store)
     t0 = time.perf_counter()
     job = EpisodeJob(env=env, tasks=task_list, assets=assets, samples=samples, seed=seed,
-                     split=split, checkpoint=ckpt_id, adapter=adapter)
+                     split=split, checkpoint=ckpt_id, adapter=adapter, task_seeds=task_seeds)
     trajs = executor.run(job)
     if len(trajs) != job.episodes:
         raise CoevoError(f"executor {executor.name!r} returned {len(trajs)} trajectories for "
@@ -213,7 +224,7 @@ def evaluate(store: Any, env: str | Environment, assets: AgentAssets,
     result = summarize(trajs, env=env_obj.name, split=split, samples=samples, seconds=seconds)
     with store.transaction():
         ev = store.create_evaluation(split=split, env=env_obj.name, run=run, round=round,
-                                     checkpoint=ckpt_id, **hashes)
+                                     checkpoint=ckpt_id, key=key, **hashes)
         if store_trajectories:
             store.add_trajectories(trajs, run=run, round=round, evaluation=ev)
         rows = [_result_row(t) for t in trajs]
@@ -221,4 +232,6 @@ def evaluate(store: Any, env: str | Environment, assets: AgentAssets,
             rows = [{**r, "trajectory": None} for r in rows]
         result = result.model_copy(update={"evaluation": ev, **hashes, "checkpoint": ckpt_id})
         store.add_results(ev, rows, summary=result.model_dump(mode="json", exclude={"tasks"}))
+        if on_stored is not None:
+            on_stored(result)
     return result

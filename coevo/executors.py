@@ -2,16 +2,21 @@
 
 An `EpisodeJob` is everything a batch of episodes needs that can travel: the environment (a
 spec string, built where the job runs, or a picklable Environment object), the tasks, the
-asset versions (`AgentAssets`), samples per task, the base seed, the checkpoint id recorded on
-the trajectories and, optionally, the LoRA adapter folder the backend must have loaded. An
-`Executor` runs a job and returns its trajectories in (task, sample) order.
+asset versions (`AgentAssets`), samples per task, the base seed (or every task's own sample
+seeds: the gate's), the checkpoint id recorded on the trajectories and, optionally, the LoRA
+adapter folder the backend must have loaded. An `Executor` runs a job and returns its
+trajectories in (task, sample) order.
 
-- `LocalExecutor(backend)`: `run_episodes` in-process on a backend you already hold (the RL
-  stage's live policy, a scripted backend in tests).
-- `RayExecutor(BackendSpec)`: N actors, each building its own backend from a picklable spec
-  (`load_backend` spec string + options), so nothing large crosses the wire. Tasks are cut into
-  contiguous shards (a task's G samples stay on one actor, so a GRPO group still shares one
-  prompt prefill), run concurrently, and concatenated back in task order.
+- `LocalExecutor(backend, judge=None)`: `run_episodes` in-process on a backend you already hold
+  (the RL stage's live policy, a scripted backend in tests).
+- `RayExecutor(BackendSpec, judge=None)`: N actors, each building its own backend from a
+  picklable spec (`load_backend` spec string + options), so nothing large crosses the wire.
+  Tasks are cut into contiguous shards (a task's G samples stay on one actor, so a GRPO group
+  still shares one prompt prefill), run concurrently, and concatenated back in task order.
+
+`judge`: the backend that answers the rubric's `llm_judge` criteria (a Backend for the local
+executor, a BackendSpec built on each actor for Ray). Without one, a rubric with an llm_judge
+criterion cannot be scored: the job refuses to start, naming the criterion.
 
 Why results do not depend on the executor: every sample's seed is `sample_seed(base, task id,
 sample index)` and the HF backend draws each sample from its own generator, so the shard a task
@@ -102,6 +107,9 @@ class EpisodeJob(BaseModel):
     assets: AgentAssets
     samples: int = Field(1, ge=1)
     seed: int = 0  # sample i of task t is seeded sample_seed(seed, t.id, i)
+    # Every task's own sample seeds (task id -> `samples` seeds), in place of `seed`: the
+    # gate's per-task seeds (coevo.sequential.seed_for).
+    task_seeds: dict[str, list[int]] | None = None
     split: str = "train"
     checkpoint: str | None = None  # store checkpoint id, recorded on every trajectory
     adapter: str | None = None  # LoRA folder the backend must have loaded; None: leave it as is
@@ -116,9 +124,27 @@ class EpisodeJob(BaseModel):
         raise ValueError(f"expected an environment spec string or an Environment, got "
                          f"{type(v).__name__} (see coevo.envs.base.Environment)")
 
+    @model_validator(mode="after")
+    def _seeds_cover_tasks(self) -> "EpisodeJob":
+        if self.task_seeds is not None:
+            for t in self.tasks:
+                got = self.task_seeds.get(t.id)
+                if got is None or len(got) != self.samples:
+                    raise ValueError(f"task_seeds: task {t.id!r} needs {self.samples} seeds, "
+                                     f"got {got!r}")
+        return self
+
     @property
     def episodes(self) -> int:
         return len(self.tasks) * self.samples
+
+    def seeds_of(self, task: Task) -> list[int]:
+        """Task `task`'s sample seeds in this job."""
+        from coevo.agent.episode import sample_seed
+
+        if self.task_seeds is not None:
+            return list(self.task_seeds[task.id])
+        return [sample_seed(self.seed, task.id, i) for i in range(self.samples)]
 
 
 _ENVS: dict[str, Environment] = {}
@@ -146,29 +172,61 @@ def _ensure_adapter(backend: Any, adapter: str | None) -> None:
     load(adapter)
 
 
-def run_job(job: EpisodeJob, backend: Backend) -> list[Trajectory]:
-    """Run a job on `backend` in this process (what every executor does in the end)."""
-    from coevo.agent.episode import run_episodes_sync
+def run_job(job: EpisodeJob, backend: Backend, judge: Backend | None = None) -> list[Trajectory]:
+    """Run a job on `backend` in this process (what every executor does in the end); `judge`
+    answers the rubric's llm_judge criteria."""
+    import asyncio
+
+    from coevo.agent.episode import run_episodes, run_episodes_sync
 
     env = resolve_env(job.env)
     _ensure_adapter(backend, job.adapter)
     a = job.assets
-    return run_episodes_sync(
-        env, job.tasks, a.harness, a.skills, a.rubric, backend, samples=job.samples,
-        seeds=job.seed, checkpoint=job.checkpoint, split=job.split, library=a.library,
-        tool_timeout=job.tool_timeout, max_concurrency=job.max_concurrency)
+    check_judge(a.rubric, judge)
+    common = dict(samples=job.samples, checkpoint=job.checkpoint, split=job.split,
+                  library=a.library, judge=judge, tool_timeout=job.tool_timeout,
+                  max_concurrency=job.max_concurrency)
+    if job.task_seeds is None:
+        return run_episodes_sync(env, job.tasks, a.harness, a.skills, a.rubric, backend,
+                                 seeds=job.seed, **common)
+
+    async def per_task() -> list[Trajectory]:
+        # One run_episodes per task (each has its own seeds), all on one batcher, so the
+        # backend still sees the whole job's requests together.
+        from coevo.models.batching import DynamicBatcher
+
+        batcher = DynamicBatcher(backend, max_batch=max(16, job.episodes))
+        try:
+            groups = await asyncio.gather(*(
+                run_episodes(env, [t], a.harness, a.skills, a.rubric, backend,
+                             seeds=job.task_seeds[t.id], batcher=batcher, **common)
+                for t in job.tasks))
+        finally:
+            await batcher.aclose()
+        return [t for g in groups for t in g]
+
+    return asyncio.run(per_task())
+
+
+def check_judge(rubric: Rubric | None, judge: Any) -> None:
+    """Refuse, before any episode, a rubric with llm_judge criteria and no judge backend."""
+    if judge is not None or rubric is None:
+        return
+    asks = [c.id for c in rubric.criteria if c.kind == "llm_judge"]
+    if asks:
+        raise CoevoError(f"rubric {rubric.name!r}: criterion {asks[0]!r} is an llm_judge and no "
+                         "judge backend was given (set `judge` in the run config, or give the "
+                         "executor a judge)")
 
 
 def failed_trajectories(job: EpisodeJob, error: str, env_name: str = "") -> list[Trajectory]:
     """Placeholders for episodes lost with their worker: infra_error, missing data (never 0)."""
-    from coevo.agent.episode import sample_seed
-
     h = job.assets.hashes()
     name = env_name or (job.env if isinstance(job.env, str) else getattr(job.env, "name", ""))
     return [Trajectory(env=name, task_id=t.id, split=job.split, sample_index=i,
-                       seed=sample_seed(job.seed, t.id, i), status="infra_error", error=error,
+                       seed=seed, status="infra_error", error=error,
                        trainable=False, checkpoint=job.checkpoint, **h)
-            for t in job.tasks for i in range(job.samples)]
+            for t in job.tasks for i, seed in enumerate(job.seeds_of(t))]
 
 
 # --- the contract ------------------------------------------------------------------------------
@@ -205,17 +263,18 @@ class _Closing:
 
 
 class LocalExecutor(_Closing):
-    """Runs jobs in this process on `backend` (which may be the trainer's live policy)."""
+    """Runs jobs in this process on `backend` (which may be the trainer's live policy);
+    `judge` answers llm_judge criteria (it may be `backend` itself)."""
 
     name = "local"
 
-    def __init__(self, backend: Backend):
+    def __init__(self, backend: Backend, judge: Backend | None = None):
         if backend is None:
             raise CoevoError("local executor: needs a backend")
-        self.backend = backend
+        self.backend, self.judge = backend, judge
 
     def run(self, job: EpisodeJob) -> list[Trajectory]:
-        return run_job(job, self.backend)
+        return run_job(job, self.backend, self.judge)
 
 
 # --- Ray ---------------------------------------------------------------------------------------
@@ -238,19 +297,20 @@ class BackendSpec(BaseModel):
 class _EpisodeWorker:
     """A Ray actor: one backend, built once, running the shards it is sent."""
 
-    def __init__(self, backend: BackendSpec, threads: int | None):
+    def __init__(self, backend: BackendSpec, threads: int | None, judge: BackendSpec | None = None):
         if threads:
             import torch
 
             # Several actors on one machine oversubscribe the cores otherwise.
             torch.set_num_threads(threads)
         self.backend = backend.build()
+        self.judge = None if judge is None else (self.backend if judge == backend else judge.build())
 
     def ready(self) -> str:
         return getattr(self.backend, "name", "")
 
     def run(self, job: EpisodeJob) -> list[Trajectory]:
-        return run_job(job, self.backend)
+        return run_job(job, self.backend, self.judge)
 
 
 def _shards(n: int, parts: int) -> list[tuple[int, int]]:
@@ -299,12 +359,14 @@ class RayExecutor(_Closing):
                  num_cpus: int | None = None, cpus_per_actor: float = 1.0,
                  threads_per_actor: int | None = 1, address: str | None = None,
                  object_store_memory: int | None = None,
-                 runtime_env: dict[str, Any] | None = None, ready_timeout_s: float = 600.0):
+                 runtime_env: dict[str, Any] | None = None, ready_timeout_s: float = 600.0,
+                 judge: BackendSpec | str | None = None):
         import ray
 
         if num_actors < 1:
             raise CoevoError(f"ray executor: num_actors must be >= 1, got {num_actors}")
         self.backend = BackendSpec(spec=backend) if isinstance(backend, str) else backend
+        self.judge = BackendSpec(spec=judge) if isinstance(judge, str) else judge
         self._started = False
         if not ray.is_initialized():
             address = address or os.environ.get("RAY_ADDRESS")
@@ -323,7 +385,8 @@ class RayExecutor(_Closing):
                                  f"(address={address or 'local'}): {exc}") from None
             self._started = True
         worker = ray.remote(num_cpus=cpus_per_actor)(_EpisodeWorker)
-        self._actors = [worker.remote(self.backend, threads_per_actor) for _ in range(num_actors)]
+        self._actors = [worker.remote(self.backend, threads_per_actor, self.judge)
+                        for _ in range(num_actors)]
         try:
             # Bounded: an actor the cluster cannot place (no free CPUs) would wait forever.
             self.models = ray.get([a.ready.remote() for a in self._actors],
@@ -346,6 +409,7 @@ class RayExecutor(_Closing):
             raise CoevoError("ray executor: already closed")
         if not job.tasks:
             return []
+        check_judge(job.assets.rubric, self.judge)
         ranges = _shards(len(job.tasks), len(self._actors))
         parts = [job.model_copy(update={"tasks": job.tasks[a:b]}) for a, b in ranges]
         refs = [actor.run.remote(p) for actor, p in zip(self._actors, parts)]

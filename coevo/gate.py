@@ -2,8 +2,9 @@
 
 Both arms are scored by the same checkpoint on the same validation tasks and seeds, so the
 evidence is a list of *paired* outcomes. `decide(evidence, policy)` is a pure function from
-those pairs to a verdict with its reason; `compare(run_arm, tasks, policy)` gathers the pairs
-in stages and stops as soon as the verdict is settled.
+those pairs to a verdict with its reason; `decide_family` decides the candidates of one round
+together (Holm); `coevo.sequential.compare` gathers the pairs in stages and stops as soon as
+the verdict is settled.
 
 Policies (registry `GATE_POLICIES`, looked up by `GatePolicy.name`):
 - `paired` (default): per-task mean difference d_i = candidate - incumbent. Accept iff the
@@ -18,49 +19,31 @@ Policies (registry `GATE_POLICIES`, looked up by `GatePolicy.name`):
 Infrastructure failures are missing data: a pair with either side None or status
 "infra_error" is dropped from both arms and counted in `n_dropped`, never scored 0.
 
-Sequential comparison (`compare`). The planned tasks are evaluated in a seeded random order:
-a screen of `screen_size` tasks, then chunks of `chunk_size`. After every stage:
-1. Exact curtailment for acceptance: fill every unevaluated task with the worst possible
-   difference (-1) and run `decide`. The sign-test p-value can only grow when a task becomes
-   a loss, and the bootstrap bound is monotone in every difference (fixed resampling matrix),
-   so if even this worst completion accepts, the full evaluation accepts too. `decide` itself
-   treats unevaluated planned tasks this way, so the returned Decision is reproducible from the
-   Evidence alone.
-2. Exact curtailment for rejection: if even the best completion (+1 everywhere) is rejected,
-   the full evaluation rejects.
-3. Futility (stochastic curtailment): at the screen, reject when losses >= wins +
-   `screen_reject_margin`; once `futility_from` of the planned tasks are in, reject when the
-   Bayesian predictive probability that the full evaluation accepts is below `futility`
-   (gatestats.predictive_*). Measured on bench/gate_efficiency.py's mix (null, +5, +10, -10 pp,
-   200 tasks): ~0.55x the rollouts of the full evaluation at ~98% agreement; accepted
-   candidates cost ~0.9-1.0x because rule 1 is exact.
-Why the error control holds: the sequential gate accepts only through rule 1, i.e. only when the
-fixed-sample test on all planned tasks accepts. So its false-accept rate is at most the
-fixed-sample test's, which is at most alpha (exact sign test; with Holm, family-wise). Rules 2-3
-only ever reject, so they cost power (measured in bench/gate_efficiency.py as disagreement with
-the full evaluation), never type-I error. Departure from the curtailment literature (Lan, Simon
-& Halperin 1982): futility uses predictive power rather than conditional power under a fixed
-alternative, and with dropped pairs the bootstrap half of rule 1 is exact only up to resampling
-noise (a dropped worst-case task can only raise the mean; the sign-test half stays exact, as a
-drop acts like a tie).
+Unevaluated planned tasks (a sequential stop) are filled with the worst case (-1) by every
+statistic that decides (`*_bound`), so a Decision is reproducible from its Evidence alone.
 
-The gate never sees the test split: `compare` raises on any task marked split "test" or whose
-id is in `test_guard`.
+Family decisions (`decide_family`). The m candidates of a round are one family: Holm's
+step-down on their sign-test p-values (worst-case completion), m fixed before any comparison
+runs (a candidate the round budget left untested counts with p = 1). The sequential stops are
+made at the level Holm will apply (coevo/sequential.py): a comparison curtails for acceptance
+only at alpha / m, the strictest Holm level, and since every smaller p then also lies below
+alpha / m, Holm accepts it whatever the others do; a comparison that stopped by rejecting stays
+rejected. So the sequential procedure never accepts what the family-wise test would not, and
+its family-wise false-accept rate is at most Holm's (<= alpha). The stage record a decision's
+reason cites is the last of `Evidence.stages` (stored with the decision).
 """
 
 from __future__ import annotations
 
-import hashlib
-import random
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from scipy import stats
 
-from coevo.errors import CoevoError, InfraError
+from coevo.errors import CoevoError
 from coevo.gatestats import (
     bootstrap_bounds,
     holm,
@@ -117,7 +100,9 @@ class StageRecord(BaseModel):
     ties: int
     p_value: float  # sign test on the tasks seen so far
     p_accept: float | None = None  # predictive probability that the full evaluation accepts
-    action: Literal["continue", "accept", "reject"]
+    # accept / reject: settled for the family (curtailment, screen, futility, or the full
+    # evaluation); holm: every planned task is in and the round's Holm step-down decides.
+    action: Literal["continue", "accept", "reject", "holm"]
     rule: str  # why this action
 
 
@@ -181,6 +166,8 @@ class Decision(BaseModel):
     statistic: dict[str, float]
     policy: str
     rollouts: int
+    metric: str = ""  # the per-task metric decided on: outcome | partial ("" for no gate run)
+    stages: list[StageRecord] = Field(default_factory=list)  # the last one is what the reason cites
 
 
 # --------------------------------------------------------------------------- statistics
@@ -359,204 +346,50 @@ def decide(evidence: Evidence, policy: GatePolicy | None = None, *, p_adjust: fl
     """The verdict on `evidence` under `policy`: pure and deterministic (seeded bootstrap).
 
     `p_adjust` is this candidate's Holm-adjusted p-value when several candidates are compared
-    in one round (see `decide_round`); None means the raw sign-test p-value is used.
-    """
+    in one round (see `decide_family`); None means the raw sign-test p-value is used. When the
+    evidence was gathered in stages, the reason ends with the stage it stopped at."""
     policy = policy or GatePolicy()
     rule = GATE_POLICIES.get(policy.name)
     s = paired_stats(evidence, policy)
     p_adj = s.p_bound if p_adjust is None else float(p_adjust)
     accepted, reason = rule.verdict(s, policy, p_adj)
-    return Decision(
-        accepted=accepted, reason=reason, statistic=s.as_dict(p_adj), policy=policy.name, rollouts=evidence.rollouts
-    )
+    statistic = s.as_dict(p_adj)
+    last = evidence.stages[-1] if evidence.stages else None
+    if last is not None and last.name != "full":
+        reason += (f"; stopped at {last.name} after {last.tasks_total}/{len(evidence.planned)} "
+                   f"tasks: {last.rule}")
+        statistic["stop_stage"] = float(len(evidence.stages) - 1)
+    return Decision(accepted=accepted, reason=reason, statistic=statistic, policy=policy.name,
+                    rollouts=evidence.rollouts, metric=policy.resolved_metric(),
+                    stages=list(evidence.stages))
 
 
-def decide_round(evidences: Sequence[Evidence], policy: GatePolicy | None = None) -> list[Decision]:
-    """Decide every candidate of one round, Holm-adjusting their sign-test p-values together."""
+def decide_family(evidences: Sequence[Evidence], policy: GatePolicy | None = None,
+                  family_size: int | None = None) -> list[Decision]:
+    """Decide the candidates of one round together: Holm over `family_size` hypotheses (default
+    len(evidences); the ones not in `evidences` were not tested and count with p = 1), and a
+    comparison whose last stage rejected stays rejected (module docstring)."""
     policy = policy or GatePolicy()
+    m = len(evidences) if family_size is None else family_size
+    if m < len(evidences):
+        raise GateError(f"family_size {m} < {len(evidences)} compared candidates")
     rule = GATE_POLICIES.get(policy.name)
-    if not rule.uses_p_value:
-        return [decide(e, policy) for e in evidences]
-    raw = [paired_stats(e, policy).p_bound for e in evidences]
-    return [decide(e, policy, p_adjust=a) for e, a in zip(evidences, holm(raw))]
-
-
-# --------------------------------------------------------------------------- sequential compare
-
-
-class RunArm(Protocol):
-    """Contract: score `arm` on `tasks` (task i with seed `seeds[i]`; a task appears once per
-    sample) under the checkpoint held fixed for this comparison. Returns one entry per task:
-    the outcome in [0, 1], a mapping {"outcome": x, "partial": y}, or None for an
-    infrastructure failure (missing data). Raising coevo.errors.InfraError marks the whole
-    call as failed. The same (task, seed) must give the same sample for either arm's model."""
-
-    def __call__(self, arm: Arm, tasks: list[Any], seeds: list[int]) -> Sequence[Any]: ...
-
-
-def _task_id(task: Any, where: str) -> str:
-    if isinstance(task, str):
-        return task
-    tid = task.get("id") if isinstance(task, Mapping) else getattr(task, "id", None)
-    if not isinstance(tid, str) or not tid:
-        raise GateError(f"{where}: task has no string 'id'")
-    return tid
-
-
-def _task_split(task: Any) -> str | None:
-    if isinstance(task, str):
-        return None
-    if isinstance(task, Mapping):
-        return task.get("split") or (task.get("metadata") or {}).get("split")
-    return getattr(task, "split", None) or (getattr(task, "metadata", None) or {}).get("split")
-
-
-def check_test_guard(tasks: Sequence[Any], test_guard: Collection[str] = ()) -> list[str]:
-    """Task ids, or GateError if any task is from the test split or listed in `test_guard`."""
-    forbidden = set(test_guard)
-    ids = []
-    for i, task in enumerate(tasks):
-        tid = _task_id(task, f"tasks[{i}]")
-        if _task_split(task) == "test":
-            raise GateError(f"tasks[{i}] ({tid!r}): split 'test' is never shown to the gate")
-        if tid in forbidden:
-            raise GateError(f"tasks[{i}] ({tid!r}): id is in test_guard (held-out test task)")
-        ids.append(tid)
-    if len(set(ids)) != len(ids):
-        raise GateError("tasks: duplicate task ids (the gate pairs by id)")
-    return ids
-
-
-def seed_for(task_id: str, sample: int, base: int = 0) -> int:
-    """Stable per-(task, sample) seed: the same wherever and in whatever chunk it is run."""
-    h = hashlib.sha256(f"{base}:{task_id}:{sample}".encode()).digest()
-    return int.from_bytes(h[:4], "big") & 0x7FFFFFFF
-
-
-def _split_value(v: Any, where: str) -> tuple[float | None, float | None]:
-    if v is None:
-        return None, None
-    if isinstance(v, Mapping):
-        unknown = set(v) - {"outcome", "partial"}
-        if unknown:
-            raise GateError(f"{where}: unknown keys {sorted(unknown)} (expected 'outcome', 'partial')")
-        return v.get("outcome"), v.get("partial")
-    if isinstance(v, (int, float)) and not isinstance(v, bool):
-        return float(v), None
-    raise GateError(f"{where}: expected a float, None or {{'outcome','partial'}}, got {type(v).__name__}")
-
-
-def _run(run_arm: RunArm, arm: Arm, tasks: list[Any], seeds: list[int]) -> list[tuple[float | None, float | None]]:
-    try:
-        out = list(run_arm(arm, tasks, seeds))
-    except InfraError:
-        return [(None, None)] * len(tasks)
-    if len(out) != len(tasks):
-        raise GateError(f"run_arm({arm!r}): returned {len(out)} results for {len(tasks)} tasks")
-    return [_split_value(v, f"run_arm({arm!r})[{i}]") for i, v in enumerate(out)]
-
-
-def _pairs(run_arm: RunArm, tasks: list[Any], ids: list[str], samples: int, seed: int) -> list[PairedOutcome]:
-    batch = [t for t in tasks for _ in range(samples)]
-    keys = [(tid, s) for tid in ids for s in range(samples)]
-    seeds = [seed_for(tid, s, seed) for tid, s in keys]
-    inc = _run(run_arm, "incumbent", batch, seeds)
-    cand = _run(run_arm, "candidate", batch, seeds)
-    out = []
-    for (tid, s), (io, ip), (co, cp) in zip(keys, inc, cand):
-        bad = io is None or co is None
-        try:
-            out.append(PairedOutcome(task_id=tid, sample=s, incumbent=io, candidate=co, incumbent_partial=ip,
-                                     candidate_partial=cp, status="infra_error" if bad else "ok"))
-        except ValueError as e:
-            raise GateError(f"run_arm result for task {tid!r} sample {s}: {e}") from None
+    if rule.uses_p_value:
+        raw = [paired_stats(e, policy).p_bound for e in evidences] + [1.0] * (m - len(evidences))
+        out = [decide(e, policy, p_adjust=a) for e, a in zip(evidences, holm(raw))]
+    else:
+        out = [decide(e, policy) for e in evidences]
+    for i, (e, d) in enumerate(zip(evidences, out)):
+        stop = e.stages[-1] if e.stages else None
+        if d.accepted and stop is not None and stop.action == "reject":
+            d = d.model_copy(update={"accepted": False, "reason": "rejected: the comparison "
+                                     f"stopped by rejecting; {d.reason.split(': ', 1)[-1]}"})
+        if family_size is not None or m > 1:
+            d = d.model_copy(update={"reason": f"{d.reason} (Holm over {m} candidate(s))"})
+        out[i] = d
     return out
 
 
-def _accepts(evidence: Evidence, policy: GatePolicy) -> bool:
-    """decide(evidence, policy).accepted, without the reporting-only work."""
-    s = paired_stats(evidence, policy, report=False)
-    return GATE_POLICIES.get(policy.name).verdict(s, policy, s.p_bound)[0]
-
-
-def _look(evidence: Evidence, policy: GatePolicy, remaining: int, screen: bool) -> tuple[str, str, float | None]:
-    """(action, rule, predictive P(accept)) after a stage; see the module docstring, steps 1-3."""
-    if _accepts(evidence, policy):
-        why = "full evaluation accepts" if not remaining else f"curtailment: accepts even if all {remaining} remaining tasks are losses"
-        return "accept", why, None
-    if not remaining:
-        return "reject", "full evaluation rejects", None
-    best = evidence.model_copy(update={"pairs": evidence.pairs + [
-        PairedOutcome(task_id=t, incumbent=0.0, candidate=1.0, incumbent_partial=0.0, candidate_partial=1.0)
-        for t in _unevaluated(evidence)]})
-    if not _accepts(best, policy):
-        return "reject", f"curtailment: rejects even if all {remaining} remaining tasks are wins", None
-    metric = policy.resolved_metric()
-    diffs = np.array(list(task_diffs(evidence, metric)[0].values()), dtype=float)
-    w, l, _ = _counts(diffs)
-    if screen and l >= w + policy.screen_reject_margin:
-        return "reject", f"screen: losses {l} >= wins {w} + margin {policy.screen_reject_margin}", None
-    p_acc = GATE_POLICIES.get(policy.name).accept_probability(diffs, remaining, policy)
-    seen = len(evidence.planned) - remaining
-    if p_acc < policy.futility and seen >= policy.futility_from * len(evidence.planned):
-        return "reject", f"futility: predictive P(full evaluation accepts)={p_acc:.3f} < {policy.futility:g}", p_acc
-    return "continue", f"predictive P(full evaluation accepts)={p_acc:.3f}", p_acc
-
-
-def _unevaluated(evidence: Evidence) -> list[str]:
-    done = {p.task_id for p in evidence.pairs}
-    return [t for t in evidence.planned if t not in done]
-
-
-def compare(
-    run_arm: RunArm,
-    tasks: Sequence[Any],
-    policy: GatePolicy | None = None,
-    *,
-    samples: int = 1,
-    seed: int = 0,
-    test_guard: Collection[str] = (),
-    sequential: bool = True,
-) -> tuple[Evidence, Decision]:
-    """Score incumbent and candidate on the same tasks and seeds, in stages, and decide.
-
-    `tasks`: Task models, mappings or ids (a split marker is read from `.split` or
-    `metadata["split"]`). The first `policy.max_tasks` are planned; they are evaluated in an
-    order shuffled by `policy.seed` so early stages are a random sample, not the first family.
-    `sequential=False` evaluates every planned task (the reference the bench compares with).
-    """
-    policy = policy or GatePolicy()
-    if samples < 1:
-        raise GateError(f"samples: must be >= 1, got {samples}")
-    ids = check_test_guard(tasks, test_guard)
-    planned = list(zip(ids, tasks))[: policy.max_tasks]
-    if not planned:
-        raise GateError("tasks: nothing to evaluate")
-    order = planned[:]
-    random.Random(policy.seed).shuffle(order)
-    evidence = Evidence(planned=[t for t, _ in planned])
-    sizes = [len(order)] if not sequential else [min(policy.screen_size, len(order))]
-    while sequential and sum(sizes) < len(order):
-        sizes.append(min(policy.chunk_size, len(order) - sum(sizes)))
-    done = 0
-    for k, size in enumerate(sizes):
-        chunk = order[done : done + size]
-        done += size
-        new = _pairs(run_arm, [t for _, t in chunk], [t for t, _ in chunk], samples, seed)
-        spent = 2 * len(new)
-        evidence = evidence.model_copy(update={"pairs": evidence.pairs + new, "rollouts": evidence.rollouts + spent})
-        action, why, p_acc = _look(evidence, policy, len(order) - done, screen=(k == 0 and sequential))
-        d = np.array(list(task_diffs(evidence, policy.resolved_metric())[0].values()), dtype=float)
-        w, l, t = _counts(d)
-        name = "full" if not sequential else ("screen" if k == 0 else f"chunk {k}")
-        stage = StageRecord(name=name, tasks=size, tasks_total=done, rollouts=spent, wins=w, losses=l, ties=t,
-                            p_value=sign_test_p(w, l), p_accept=p_acc, action=action, rule=why)
-        evidence = evidence.model_copy(update={"stages": evidence.stages + [stage]})
-        if action != "continue":
-            break
-    decision = decide(evidence, policy)
-    if sequential:
-        last = evidence.stages[-1]
-        decision = decision.model_copy(update={"reason": f"{decision.reason}; stopped at {last.name} after "
-                                               f"{last.tasks_total}/{len(planned)} tasks: {last.rule}"})
-    return evidence, decision
+def decide_round(evidences: Sequence[Evidence], policy: GatePolicy | None = None) -> list[Decision]:
+    """`decide_family` over exactly the given candidates (kept for existing callers)."""
+    return decide_family(evidences, policy)

@@ -6,39 +6,32 @@ rubric, every step recorded in the store so a crashed run resumes where it stopp
         C      = rl_stage(C, incumbent, train split)          # skipped in harness-only mode
         trajs  = store.trajectories(run, r, split="train")
         cands  = proposers.propose(incumbent, trajs)           # skipped in weight-only mode
-        for cand: evidence = gate.compare(incumbent, cand, C, val split)   # ungated: none
-        decisions = Holm over the round's candidates; store each with its evidence
+        for cand: evidence = compare(incumbent, cand, C, val split)  # ungated: none
+        decisions = Holm over the round's family; store each with its evidence
         incumbent = incumbent.with(accepted)
     final = evaluate(incumbent, C, test split)                 # once, never seen by the gate
 
-Holm and sequential comparison. Every candidate of a round is compared with the ROUND-START
-incumbent under checkpoint C (a fixed family of hypotheses, the same footing for each), each
-with the gate's staged sequential `compare`, which only stops early; then `decide_round` Holm-
-adjusts the candidates' sign-test p-values together. `decide` fills tasks a sequential stop
-left unevaluated with the worst case, so the adjusted decision stays conservative. Several
-accepted candidates of the same kind cannot all be applied to one parent: the one with the
-largest mean difference wins, the others are recorded as rejected ("superseded"). Departure
-from the box in ARCHITECTURE.md: comparing candidate k against an incumbent that already
-absorbed candidates < k would change the hypotheses mid-family and void Holm's guarantee.
-The incumbent arm's per-task scores are computed once per round and reused for every
-candidate (same tasks, checkpoint and seeds; the base seed of round r is fixed, the gate's
-per-task seeds are identical for both arms by construction).
+The gate step (coevo/gatestep.py): every candidate of a round is compared with the
+ROUND-START incumbent under checkpoint C, with the gate's per-task seeds, at the levels of the
+round's Holm family; see that module.
 
 Resume. Round rows carry status (running / done) and, when done, the incumbent's hashes;
-a round's proposals are written in one transaction (so on resume they are reloaded, never
-re-proposed), and its decisions in another (all or none). The idempotency key of a proposal is
-(run, round, proposer, candidate hash). The RL stage is always entered with resume=True, so an
-interrupted stage continues from its latest stored checkpoint and a finished one is a no-op.
-`COEVO_TEST_KILL_AT=<point>` SIGKILLs the process at a named point (`kill_point`): a hook for
-the crash tests, a no-op otherwise.
+a round's proposals are written in one transaction with their charges (so on resume they are
+reloaded, never re-proposed), and its decisions in another (all or none). Every evaluation
+(gate arms, val curve, harness-only train rollouts, the final test) is stored under an
+idempotency key with its budget charge in the same transaction, and every charge carries a key
+(coevo/ledger.py): a resumed run evaluates and charges nothing twice. The RL stage is always
+entered with resume=True, so an interrupted stage continues from its latest stored checkpoint
+and a finished one is a no-op. `COEVO_TEST_KILL_AT=<point>` SIGKILLs the process at a named
+point (coevo/killpoints.py): a hook for the crash tests, a no-op otherwise.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
-import os
 import random
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -47,10 +40,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from coevo.assets.base import diff as asset_diff
-from coevo.config import Budgets, RunConfig
+from coevo.config import RunConfig
 from coevo.errors import CoevoError
 from coevo.evaluate import EvalResult, evaluate
-from coevo.gate import Decision, Evidence, compare, decide_round
+from coevo.gatestep import gate_step
+from coevo.killpoints import KILL_ENV, kill_point  # noqa: F401  (KILL_ENV: for the tests)
+from coevo.ledger import eval_charge, over_budget
 from coevo.propose.base import (
     Candidate,
     Incumbent,
@@ -62,14 +57,7 @@ from coevo.propose.base import (
 )
 
 log = logging.getLogger("coevo.loop")
-KILL_ENV = "COEVO_TEST_KILL_AT"
 _RESUMABLE_CHANGES = {"rounds", "budgets"}  # config keys a resume may change
-
-
-def kill_point(name: str) -> None:
-    """Crash-test hook: SIGKILL this process when COEVO_TEST_KILL_AT names this point."""
-    if os.environ.get(KILL_ENV) == name:
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 @dataclass(frozen=True)
@@ -91,7 +79,8 @@ class Parts:
     and the final test evaluation; `trainer` (+ `tokenizer`) is the RL policy (None in
     harness-only mode); `rl_backend` samples the RL rollouts (None: the trainer's live
     policy). `live_eval` says `backend` wraps the trainer's own in-memory model, so after the
-    RL stage it already holds checkpoint C and must not load the adapter again."""
+    RL stage it already holds checkpoint C and must not load the adapter again. `judge`
+    answers the rubric's llm_judge criteria (None: `backend`, the policy itself)."""
 
     env: Any
     backend: Any
@@ -100,6 +89,7 @@ class Parts:
     tokenizer: Any = None
     rl_backend: Any = None
     live_eval: bool = False
+    judge: Any = None
 
 
 def build_parts(cfg: RunConfig) -> Parts:
@@ -110,8 +100,9 @@ def build_parts(cfg: RunConfig) -> Parts:
     env = make_env(cfg.env)
     backend = load_backend(cfg.model.backend, **cfg.model.options)
     proposers = [make_proposer(p.name, **p.options) for p in cfg.proposers]
+    judge = load_backend(cfg.judge.backend, **cfg.judge.options) if cfg.judge else None
     if not MODES[cfg.mode].train:
-        return Parts(env=env, backend=backend, proposers=proposers)
+        return Parts(env=env, backend=backend, proposers=proposers, judge=judge)
     from coevo.rl.stage import live_policy
     from coevo.rl.trainer import Trainer
 
@@ -121,7 +112,7 @@ def build_parts(cfg: RunConfig) -> Parts:
                          "use an hf or embedded backend, or mode harness-only")
     trainer = Trainer(model, cfg.rl.train, base_model=cfg.model.backend)
     return Parts(env=env, backend=live_policy(trainer, tok), proposers=proposers,
-                 trainer=trainer, tokenizer=tok, live_eval=True)
+                 trainer=trainer, tokenizer=tok, live_eval=True, judge=judge)
 
 
 class RunResult(BaseModel):
@@ -145,6 +136,15 @@ class _Run:
     val: list[Any]
     test_ids: set[str]
     progress: Callable[[str], None]
+
+    @property
+    def judge(self) -> Any:
+        """The backend answering llm_judge criteria: the configured judge, else the policy."""
+        return self.parts.judge if self.parts.judge is not None else self.parts.backend
+
+    def key(self, *parts: Any) -> str:
+        """An idempotency key of this run's evaluations (coevo/store: a unique index)."""
+        return hashlib.sha256(json.dumps([self.id, *parts]).encode()).hexdigest()
 
 
 def run_coevolution(cfg: RunConfig, store: Any, parts: Parts | None = None, *,
@@ -208,7 +208,7 @@ def open_run(cfg: RunConfig, store: Any, parts: Parts, resume: str | None,
         store.set_run_status(rec.id, "running")
     env = parts.env
     val = list(env.tasks("val", cfg.splits.val_n))
-    test_ids = {t.id for t in env.tasks("test", cfg.splits.test_n)}
+    test_ids = {t.id for t in env.tasks("test")}  # every test task, not only the first test_n
     run = _Run(cfg, store, parts, MODES[cfg.mode], rec.id, val, test_ids, progress)
     incumbent, start = incumbent_at(run, rec.config["seed"])
     return run, incumbent, start
@@ -302,27 +302,19 @@ def track_val(run: _Run, r: int, incumbent: Incumbent, key: str) -> dict[str, An
         rec = run.store.get_evaluation(evs[key])
         res = EvalResult.model_validate({**rec.summary, "evaluation": rec.id})
     else:
+        k = run.key("track", r, key)
         res = evaluate(run.store, run.parts.env, incumbent.agent_assets(), run.parts.backend,
                        tasks=run.val, split="val", samples=run.cfg.splits.val_samples,
-                       seed=run.cfg.seed, checkpoint=incumbent.checkpoint, run=run.id, round=r)
+                       seed=run.cfg.seed, checkpoint=incumbent.checkpoint, run=run.id, round=r,
+                       judge=run.judge, key=k, on_stored=lambda res: run.store.add_budget(
+                           run.id, "eval_rollouts", res.n_episodes, round=r, key=k))
         evs[key] = res.evaluation
         with run.store.transaction():
-            run.store.add_budget(run.id, "eval_rollouts", res.n_episodes, round=r)
             run.store.finish_round(run.id, r, "running", summary={
                 **summary, "evaluations": evs, f"{key}_score": res.mean,
                 f"{key}_ci": [res.ci_low, res.ci_high]})
         run.progress(f"round {r}: {key} {res.line()}")
     return {"evaluations": evs, f"{key}_score": res.mean, f"{key}_ci": [res.ci_low, res.ci_high]}
-
-
-def over_budget(store: Any, run: str, r: int, budgets: Budgets) -> str | None:
-    """The first per-round budget that round r has used up, as text (None: within budget)."""
-    spent = store.budget_totals(run, round=r)
-    for kind in ("rollouts", "tokens", "proposer_calls", "seconds"):
-        limit = getattr(budgets, kind)
-        if limit is not None and spent.get(kind, 0.0) >= limit:
-            return f"{kind} {spent[kind]:g} >= {limit:g}"
-    return None
 
 
 # --- the stages ----------------------------------------------------------------------------------
@@ -338,7 +330,7 @@ def rl_step(run: _Run, r: int, incumbent: Incumbent) -> Incumbent:
     p = run.parts
     res = rl_stage(run.store, run.id, r, p.env, incumbent.agent_assets(), p.trainer,
                    run.cfg.rl.stage, tokenizer=p.tokenizer, resume=True, backend=p.rl_backend,
-                   on_step=lambda e: log_rl_step(run, r, e))
+                   on_step=lambda e: log_rl_step(run, r, e), judge=run.judge)
     if p.live_eval and res.checkpoint is not None:
         p.backend.adapter = run.store.get_checkpoint(res.checkpoint).path  # already in memory
     run.progress(f"round {r}: RL steps {res.start_step}..{res.end_step}, checkpoint {res.checkpoint}")
@@ -366,17 +358,11 @@ def collect_train_rollouts(run: _Run, r: int, incumbent: Incumbent) -> None:
     pool = list(run.parts.env.tasks("train"))
     n = min(run.cfg.splits.train_n or 16, len(pool))
     tasks = random.Random(f"{run.cfg.seed}:{r}").sample(pool, n)
-    res = evaluate(run.store, run.parts.env, incumbent.agent_assets(), run.parts.backend,
-                   tasks=tasks, split="train", samples=run.cfg.splits.train_samples,
-                   seed=run.cfg.seed + r, run=run.id, round=r)
-    _charge(run, r, res)
-
-
-def _charge(run: _Run, r: int, res: EvalResult) -> None:
-    with run.store.transaction():
-        run.store.add_budget(run.id, "rollouts", res.n_episodes, round=r)
-        run.store.add_budget(run.id, "tokens", res.tokens_sampled, round=r)
-        run.store.add_budget(run.id, "seconds", res.seconds, round=r)
+    k = run.key("train", r)
+    evaluate(run.store, run.parts.env, incumbent.agent_assets(), run.parts.backend,
+             tasks=tasks, split="train", samples=run.cfg.splits.train_samples,
+             seed=run.cfg.seed + r, run=run.id, round=r, judge=run.judge, key=k,
+             on_stored=lambda res: run.store.charge(run.id, eval_charge(res), round=r, key=k))
 
 
 def propose_step(run: _Run, r: int, incumbent: Incumbent,
@@ -392,16 +378,18 @@ def propose_step(run: _Run, r: int, incumbent: Incumbent,
     ctx = ProposalContext(run=run.id, round=r, incumbent=incumbent, trajectories=trajs,
                           harnesses=harnesses, seed=run.cfg.seed + r)
     cands: list[Candidate] = []
+    costs: list[dict[str, float]] = []
     for proposer in run.parts.proposers:
         t0 = time.perf_counter()
         cands.extend(proposer.propose(ctx))
-        # A proposer that spends more than one model call (or episodes of its own, as gepa's
-        # search does) says so in `last_cost`; otherwise propose() counts as one call.
-        for kind, amount in (getattr(proposer, "last_cost", None) or {"proposer_calls": 1}).items():
-            run.store.add_budget(run.id, kind, amount, round=r)
-        run.store.add_budget(run.id, "seconds", time.perf_counter() - t0, round=r)
+        # What the proposer spent (model calls, tokens, episodes of its own), as it reports
+        # in `last_cost`; a proposer without one (demos) called no model and costs nothing.
+        costs.append({**(getattr(proposer, "last_cost", None) or {}),
+                      "seconds": time.perf_counter() - t0})
     out = []
-    with run.store.transaction():
+    with run.store.transaction():  # the charges with the proposals: a resume redoes neither
+        for k, (proposer, cost) in enumerate(zip(run.parts.proposers, costs)):
+            run.store.charge(run.id, cost, round=r, key=f"propose:{r}:{k}:{proposer.name}")
         for cand in dedupe(cands):
             out.append(_record_proposal(run, r, incumbent, cand))
     run.progress(f"round {r}: {len(out)} proposals, "
@@ -439,148 +427,6 @@ def _stored_candidate(store: Any, p: Any) -> Candidate:
                      predicted_effect=p.predicted_effect, skills=skills)
 
 
-def gate_step(run: _Run, r: int, incumbent: Incumbent,
-              cands: list[tuple[str, Candidate, str]]) -> list[Candidate]:
-    """Decide every pending candidate and store the decisions (one transaction); returns the
-    accepted candidates in proposal order (a resumed round returns the stored verdicts)."""
-    done = [c for _, c, s in cands if s == "accepted"]
-    pending = [(pid, c) for pid, c, s in cands if s == "pending"]
-    if not pending:
-        return done
-    verdicts = (judge_gated if run.mode.gated else judge_ungated)(run, r, incumbent, pending)
-    with run.store.transaction():
-        for (pid, _), (decision, evidence) in zip(pending, verdicts):
-            rows = evidence if isinstance(evidence, list) else [
-                {"task_id": p.task_id, "sample": p.sample, "incumbent": p.incumbent,
-                 "candidate": p.candidate, "status": p.status}
-                for p in (evidence.pairs if evidence else [])]
-            run.store.add_decision(pid, policy=decision.policy, accepted=decision.accepted,
-                                   reason=decision.reason, statistic=decision.statistic,
-                                   rollouts=decision.rollouts, evidence=rows)
-    return [c for (_, c), (d, _) in zip(pending, verdicts) if d.accepted]
-
-
-Verdict = tuple[Decision, Evidence | list[dict[str, Any]] | None]  # rows: a rubric's validity
-
-
-def judge_ungated(run: _Run, r: int, incumbent: Incumbent,
-                  pending: list[tuple[str, Candidate]]) -> list[Verdict]:
-    """Ungated ablation: every valid candidate is accepted, no evaluation. Several of one
-    kind are applied in order, so the last one of each kind is what the incumbent keeps."""
-    d = Decision(accepted=True, reason="ungated mode: every valid proposal is accepted",
-                 statistic={}, policy="ungated", rollouts=0)
-    return [(d, None) for _ in pending]
-
-
-def judge_gated(run: _Run, r: int, incumbent: Incumbent,
-                pending: list[tuple[str, Candidate]]) -> list[Verdict]:
-    """Sequential compare of each candidate with the round-start incumbent under C, then Holm
-    across the compared ones (module docstring), then one winner per asset kind."""
-    cache: dict[str, Any] = {}  # incumbent arm: task id -> score, shared by the candidates
-    evaluations: list[str] = []  # the incumbent arm's evaluations (their episodes, for rubrics)
-    tested: list[tuple[int, Evidence]] = []
-    out: list[Verdict | None] = [None] * len(pending)
-    for i, (_, cand) in enumerate(pending):
-        exhausted = over_budget(run.store, run.id, r, run.cfg.budgets)
-        if exhausted:
-            out[i] = (Decision(accepted=False, reason=f"not gated: round budget exhausted "
-                               f"({exhausted})", statistic={}, policy="budget", rollouts=0), None)
-            continue
-        if cand.kind == "rubric":
-            out[i] = judge_rubric(run, r, incumbent, cand, cache, evaluations)
-            continue
-        arm = _ArmRunner(run, r, incumbent, incumbent.with_candidate(cand), cache, evaluations)
-        evidence, _ = compare(arm, run.val, run.cfg.gate, seed=run.cfg.seed + r,
-                              test_guard=run.test_ids)
-        tested.append((i, evidence))
-    decisions = decide_round([e for _, e in tested], run.cfg.gate)
-    m = len(tested)
-    for (i, evidence), d in zip(tested, decisions):
-        out[i] = (d.model_copy(update={"reason": f"{d.reason} (Holm over {m} candidate(s))"}), evidence)
-    _one_winner_per_kind(out, [c for _, c in pending])
-    return out  # type: ignore[return-value]
-
-
-def judge_rubric(run: _Run, r: int, incumbent: Incumbent, cand: Candidate,
-                 cache: dict[str, Any], evaluations: list[str]) -> Verdict:
-    """A rubric is never gated on its own scores (a policy can always score higher on the
-    rubric it is trained against): it is gated on predictive validity (`coevo.validity`) on
-    the incumbent arm's val episodes under C, whose outcomes the verifier confirmed. Those
-    are the same episodes the harness candidates are compared on (the cache), completed to
-    the whole val split; no candidate episodes are spent. Not part of the Holm family: the
-    validity test has no sign-test p-value, it controls its own bootstrap level."""
-    from coevo.validity import validity_decision
-
-    if incumbent.rubric is None:
-        return (Decision(accepted=False, reason="the incumbent has no rubric to compare with",
-                         statistic={}, policy="validity", rollouts=0), [])
-    arm = _ArmRunner(run, r, incumbent, incumbent, cache, evaluations)
-    before = run.store.budget_totals(run.id, round=r).get("rollouts", 0.0)
-    arm("incumbent", run.val, [0] * len(run.val))  # fills the cache for every val task
-    spent = int(run.store.budget_totals(run.id, round=r).get("rollouts", 0.0) - before)
-    trajs = [t for e in evaluations for t in run.store.trajectories(evaluation=e)]
-    d, rows = validity_decision(incumbent.rubric, cand.asset, trajs, run.parts.env,
-                                run.cfg.validity)
-    return d.model_copy(update={"rollouts": spent}), rows
-
-
-def _one_winner_per_kind(out: list[Any], cands: list[Candidate]) -> None:
-    def gain(d: Decision) -> float:
-        return d.statistic.get("mean_diff", d.statistic.get("auc_diff", 0.0))
-
-    best: dict[str, int] = {}
-    for i, (d, _) in enumerate(out):
-        if d.accepted:
-            k = cands[i].kind
-            if k not in best or gain(d) > gain(out[best[k]][0]):
-                best[k] = i
-    for i, (d, ev) in enumerate(out):
-        if d.accepted and best[cands[i].kind] != i:
-            out[i] = (d.model_copy(update={"accepted": False, "reason": f"{d.reason}; superseded "
-                                           f"by a better accepted {cands[i].kind} this round"}), ev)
-
-
-class _ArmRunner:
-    """The gate's run_arm: evaluate() on val tasks under checkpoint C for either arm, with the
-    round's fixed base seed (so both arms see the same per-task seeds)."""
-
-    def __init__(self, run: _Run, r: int, inc: Incumbent, cand: Incumbent, cache: dict[str, Any],
-                 evaluations: list[str] | None = None):
-        self.run, self.r, self.inc, self.cand, self.cache = run, r, inc, cand, cache
-        self.evaluations = evaluations if evaluations is not None else []
-
-    def __call__(self, arm: str, tasks: list[Any], seeds: list[int]) -> list[Any]:
-        use_cache = arm == "incumbent"
-        todo = [t for t in tasks if not (use_cache and t.id in self.cache)]
-        scores = self._score(self.inc if use_cache else self.cand, todo) if todo else {}
-        if use_cache:
-            self.cache.update(scores)
-            scores = self.cache
-        return [scores.get(t.id) for t in tasks]
-
-    def _score(self, who: Incumbent, tasks: list[Any]) -> dict[str, Any]:
-        run = self.run
-        res = evaluate(run.store, run.parts.env, who.agent_assets(), run.parts.backend,
-                       tasks=tasks, split="val", samples=run.cfg.splits.val_samples,
-                       seed=run.cfg.gate.seed + self.r, checkpoint=who.checkpoint,
-                       run=run.id, round=self.r)
-        _charge(run, self.r, res)
-        if who is self.inc:
-            self.evaluations.append(res.evaluation)
-        return {t.task_id: None if t.outcome is None else
-                {"outcome": t.outcome, "partial": _unit(t.reward, who.rubric)} for t in res.tasks}
-
-
-def _unit(reward: float | None, rubric: Any) -> float | None:
-    """The reward on [0, 1] for the `soft` gate: outcome_weight * outcome + partial credit
-    (each in [0, 1]) over its maximum, outcome_weight + 1 (the outcome itself without a rubric)."""
-    if reward is None:
-        return None
-    top = 1.0 if rubric is None else rubric.outcome_weight + (1.0 if rubric.criteria else 0.0)
-    x = reward / top if top > 0 else 0.0
-    return min(max(float(x), 0.0), 1.0)
-
-
 def final_step(run: _Run, incumbent: Incumbent) -> EvalResult | None:
     """The final incumbent on the test split, once (a resumed finished run reuses it)."""
     store, last = run.store, max((x.index for x in run.store.rounds(run.id)), default=None)
@@ -595,7 +441,8 @@ def final_step(run: _Run, incumbent: Incumbent) -> EvalResult | None:
     tasks = list(run.parts.env.tasks("test", run.cfg.splits.test_n))
     res = evaluate(store, run.parts.env, incumbent.agent_assets(), run.parts.backend, tasks=tasks,
                    split="test", samples=run.cfg.splits.test_samples, seed=run.cfg.seed,
-                   checkpoint=incumbent.checkpoint, run=run.id)
+                   checkpoint=incumbent.checkpoint, run=run.id, judge=run.judge,
+                   key=run.key("final"))
     with store.transaction():
         store.finish_round(run.id, last, "done", summary={
             **summary, "final_evaluation": res.evaluation, "test_score": res.mean,

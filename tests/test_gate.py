@@ -22,11 +22,10 @@ from coevo.gate import (
     GateError,
     GatePolicy,
     PairedOutcome,
-    compare,
     decide,
     decide_round,
-    seed_for,
 )
+from coevo.sequential import compare, seed_for
 from coevo.gatestats import _dm_logpmf, bootstrap_bounds, holm, predictive_sign_pass, sign_test_p
 from coevo.registry import UnknownName
 
@@ -351,3 +350,18 @@ def test_bench_replays_real_paired_outcomes(tmp_path):
     assert every["full_accept"] == 0.5  # one of the two comparisons, in every order
     assert better["full_accept"] == 1.0 == better["agree"] == worse["agree"] and worse["full_accept"] == 0.0
     assert worse["ratio"] < 0.5  # a clearly worse candidate stops at the screen or soon after
+
+
+def test_family_of_three_controls_family_wise_false_accepts_and_keeps_power():
+    """Rounds of 3 candidates decided together (sequential compare at the family's levels,
+    then Holm, coevo.sequential.compare_family), measured by simulation: with 3 null
+    candidates the share of rounds accepting any is at most alpha; with one +15 pp candidate
+    among two nulls it is accepted in most rounds, nulls still controlled; and the sequential
+    procedure never accepts what full evaluation + Holm rejects."""
+    null = bench.family(300, 100, FAST, (0.0, 0.0, 0.0), seed=1)
+    assert null["fwer_seq"] <= FAST.alpha and null["fwer_full"] <= FAST.alpha, null
+    mixed = bench.family(60, 200, FAST, (0.15, 0.0, 0.0), seed=2)
+    assert mixed["power_seq"] >= 0.85 and mixed["fwer_seq"] <= FAST.alpha, mixed
+    assert null["seq_only"] == mixed["seq_only"] == 0
+    assert mixed["power_seq"] >= mixed["power_full"] - 0.05  # stopping early costs little power
+    assert null["ratio"] < 0.7  # and saves rollouts

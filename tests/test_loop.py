@@ -309,7 +309,7 @@ def test_soft_gate_scores_are_the_reward_over_its_maximum():
     """A successful episode's reward is outcome_weight + partial (up to 2): the soft gate
     must see it as 1.0, not drop it as out of range."""
     from coevo.assets.rubric import Rubric
-    from coevo.loop import _unit
+    from coevo.gatestep import unit_reward as _unit
 
     r = Rubric.model_validate({"name": "r", "outcome_weight": 1.0, "criteria": [
         {"id": "named", "kind": "tool_called", "params": {"name_in_offered": True}}]})
@@ -352,3 +352,123 @@ def tiny_glue_harness():
     import tiny_glue
 
     return tiny_glue.tiny_harness(decoding={"temperature": 1.0, "max_new_tokens": 8})
+
+
+class WinnersPolicy(ScriptedPolicy):
+    """With HINT in the prompt, passes the val tasks numbered in `winners`; without it, fails
+    every task: a helpful candidate wins on those tasks and ties on the rest."""
+
+    def __init__(self, tokenizer, winners):
+        super().__init__(tokenizer)
+        self.winners = set(winners)
+
+    def _reply(self, request, index):
+        import re
+
+        prompt = self.tokenizer.decode(request.prompt_ids)
+        n = int(re.findall(r"about (\d+)\.", prompt)[-1])
+        return "a fine" if HINT in prompt and n in self.winners else "zz"
+
+
+def test_sequential_stops_agree_with_holm_over_the_round(tmp_path):
+    """Three candidates, one helpful (28 wins, 0 losses, 12 ties on 40 val tasks). Stopping
+    its comparison at the unadjusted level (21 wins, 0 losses, 10 tasks left: worst-case
+    p = 0.035) and applying Holm afterwards (3 x 0.035 > 0.05) rejected it, though the full
+    evaluation with Holm accepts it (p = 2^-28). Curtailing at alpha/3 it runs on, and the
+    stored decision cites the stage it stopped at."""
+    import tiny_glue
+
+    style2 = {**NO_EFFECT, "changes": {"answer_format": "Be brief."}, "rationale": "style 2"}
+    cfg = config(tmp_path, "harness-only", candidates=(HELPS, NO_EFFECT, style2),
+                 gate={"screen_size": 10, "chunk_size": 10, "n_boot": 200},
+                 splits={"val_n": 40, "test_n": 4, "train_n": 4})
+    store, parts = build(tmp_path, cfg, f"sqlite:///{tmp_path / 'holm.db'}")
+    parts.env = tiny_glue.FirstCharEnv(target="abcdefghijklm", size=40)
+    # The gate evaluates the val tasks in an order shuffled by gate.seed: the helpful
+    # candidate wins the first 21 of them and 7 of the last 10.
+    import random
+
+    order = list(range(40))
+    random.Random(cfg.gate.seed).shuffle(order)
+    parts.backend = parts.rl_backend = WinnersPolicy(parts.tokenizer, order[:21] + order[30:37])
+    res = run_coevolution(cfg, store, parts)
+    props = _by_rationale(store, res.run)
+    [d] = store.decisions(props[HELPS["rationale"]].id)
+    assert d.accepted, d.reason
+    assert "Holm over 3" in d.reason
+    wins = sum(e.candidate == 1.0 and e.incumbent == 0.0 for e in d.evidence)
+    assert (wins, len(d.evidence)) == (28, 40)
+    assert d.statistic["p_adjusted"] == pytest.approx(3 * 2.0**-28, rel=1e-3)
+    last = d.stages[-1]
+    assert [s["name"] for s in d.stages] == ["screen", "chunk 1", "chunk 2", "chunk 3"]
+    assert last["action"] == "accept" and last["tasks_total"] == 40 and d.metric == "outcome"
+    assert f"stopped at {last['name']} after 40/40 tasks: {last['rule']}" in d.reason
+    for other in (NO_EFFECT, style2):
+        assert props[other["rationale"]].status == "rejected"
+
+
+def test_gate_arms_sample_with_the_gates_per_task_seeds(tmp_path):
+    """Both arms of every comparison sample task t, sample s with the gate's own seed
+    seed_for(t, s, seed + round), the seed the gate's evidence is keyed on."""
+    from coevo.sequential import seed_for
+
+    cfg, store, _, res = _run(tmp_path, "harness-only", splits={"val_n": 12, "test_n": 6,
+                                                                "train_n": 4, "val_samples": 2})
+    [r0] = store.rounds(res.run)
+    tracked = set(r0.summary["evaluations"].values())
+    gate = [t for t in store.trajectories(res.run, round=0, split="val")
+            if t.id not in {x.id for e in tracked for x in store.trajectories(evaluation=e)}]
+    assert {t.sample_index for t in gate} == {0, 1} and len(gate) == 3 * 2 * 12  # 3 arms
+    assert all(t.seed == seed_for(t.task_id, t.sample_index, cfg.seed) for t in gate)
+    d = store.decisions(_by_rationale(store, res.run)[HELPS["rationale"]].id)[0]
+    assert {(e.task_id, e.sample) for e in d.evidence} == {(t.task_id, t.sample_index) for t in gate}
+
+
+def test_the_test_split_guard_covers_every_test_task(tmp_path):
+    """A val split that leaks a test task past the first test_n: still refused by the gate."""
+    import tiny_glue
+
+    class LateLeak(tiny_glue.FirstCharEnv):
+        def tasks(self, split="train", n=None):
+            out = super().tasks(split, n)
+            if split == "val":  # the LAST test task, which the final evaluation never uses
+                out = out[:-1] + super().tasks("test")[-1:]
+            return out
+
+    cfg = config(tmp_path, "harness-only")
+    assert cfg.splits.test_n == 6
+    store, parts = build(tmp_path, cfg, f"sqlite:///{tmp_path / 'late.db'}")
+    parts.env = LateLeak(size=12)
+    with pytest.raises(CoevoError, match="test_guard"):
+        run_coevolution(cfg, store, parts)
+
+
+def test_soft_gate_decisions_store_the_metric_they_decided_on(tmp_path):
+    """The soft gate decides on partial credit: the evidence rows hold both arms' partial
+    credit (the reward over its maximum, as the trajectories' rewards give it), the decision
+    names the metric, and its stage records say where and why the comparison stopped."""
+    from coevo.assets.rubric import Rubric
+    from coevo.gatestep import unit_reward
+
+    cfg = config(tmp_path, "harness-only", gate={"name": "soft", "screen_size": 12, "n_boot": 200},
+                 assets={"harness": "tiny", "rubric": "short"})
+    store, parts = build(tmp_path, cfg, f"sqlite:///{tmp_path / 'soft.db'}")
+    rubric = Rubric.model_validate({"name": "short", "outcome_weight": 1.0, "criteria": [
+        {"id": "short", "kind": "outcome", "params": {"detail": "short"}}]})
+    store.put_asset(rubric)
+    res = run_coevolution(cfg, store, parts)
+    props = _by_rationale(store, res.run)
+    [d] = store.decisions(props[HELPS["rationale"]].id)
+    assert d.policy == "soft" and d.metric == "partial" and d.accepted
+    by_arm = {t.harness: {x.task_id: unit_reward(x.reward, rubric) for x in
+                          store.trajectories(res.run, split="val") if x.harness == t.harness}
+              for t in store.trajectories(res.run, split="val")}
+    seed_h, cand_h = props[HELPS["rationale"]].parent, props[HELPS["rationale"]].candidate
+    assert len(d.evidence) == 12
+    for e in d.evidence:
+        assert e.incumbent_partial == by_arm[seed_h][e.task_id] == 0.5  # "zz": short, failed
+        assert e.candidate_partial == by_arm[cand_h][e.task_id] == 1.0  # "a fine": both
+        assert (e.incumbent, e.candidate) == (0.0, 1.0)
+    [stage] = d.stages
+    assert (stage["name"], stage["wins"], stage["action"]) == ("screen", 12, "accept")
+    assert stage["rule"] in d.reason

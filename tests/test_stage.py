@@ -89,7 +89,9 @@ def test_stage_trains_stores_trajectories_and_checkpoints(tiny_dir, tmp_path):
     assert [log.checkpoint for log in logs] == [None, c2.id, c3.id]
     assert any(log.signal_fraction > 0 and log.updated for log in logs)
     budget = store.budget_totals("r")
-    assert budget["rollouts"] == 36 and budget["tokens"] == sum(t.sampled_tokens for t in trajs)
+    # tokens: prefilled + generated (every token of each sequence); train_tokens: trained ones
+    assert budget["rollouts"] == 36 and budget["tokens"] == sum(len(t.token_ids) for t in trajs)
+    assert budget["train_tokens"] == sum(len(t.token_ids) for t in trajs if t.trainable) > 0
     assert budget["seconds"] > 0
 
 
@@ -97,8 +99,12 @@ class Crash(Exception):
     pass
 
 
-@pytest.mark.parametrize("crash_after", [2, 3])
+@pytest.mark.parametrize("crash_after", [3, 4])
 def test_resume_equals_an_uninterrupted_run(tiny_dir, tmp_path, crash_after):
+    """The crash is raised by the step log callback, inside the transaction that commits the
+    step (its checkpoint row, budget charge and log): that step is lost with its checkpoint
+    (step 4) or had none (step 3), its rollouts are stored; the resumed stage redoes steps 3
+    and 4 from the checkpoint of step 2, charging each step once."""
     cfg = StageConfig(steps=4, tasks_per_step=2, samples=4, checkpoint_every=2, seed=3,
                       checkpoint_dir=str(tmp_path / "ckpt-a"))
     store = open_run(tmp_path / "a.db", "a")
@@ -112,13 +118,12 @@ def test_resume_equals_an_uninterrupted_run(tiny_dir, tmp_path, crash_after):
     trainer, tok = fresh(tiny_dir)
 
     def crash(log):
-        if log.index == crash_after:  # after the step's trajectories (and checkpoint) are stored
+        if log.index == crash_after:  # the step's trajectories are stored, its commit is not
             raise Crash
 
     with pytest.raises(Crash):
         rl_stage(open_run(db, "b"), "b", 0, FirstCharEnv(), ASSETS, trainer, cfg_b,
                  tokenizer=tok, on_step=crash)
-    # crash_after=3: step 3's rollouts are stored but no checkpoint holds step 3's update
     store_b = open_run(db, "b")  # a new handle, model and trainer: a restarted process
     trainer, tok = fresh(tiny_dir)
     res = rl_stage(store_b, "b", 0, FirstCharEnv(), ASSETS, trainer, cfg_b, tokenizer=tok,
@@ -132,6 +137,8 @@ def test_resume_equals_an_uninterrupted_run(tiny_dir, tmp_path, crash_after):
     got = [(t.task_id, t.sample_index, t.reward, t.token_ids) for t in store_b.trajectories(run="b")]
     assert got == want  # same rollouts, none stored twice
     assert [store_b.get_checkpoint(c).step for c in res.checkpoints] == [4]
+    assert {k: v for k, v in store_b.budget_totals("b").items() if k != "seconds"} == {
+        k: v for k, v in store.budget_totals("a").items() if k != "seconds"}  # charged once
     # resuming a finished stage does nothing
     trainer, tok = fresh(tiny_dir)
     again = rl_stage(store_b, "b", 0, FirstCharEnv(), ASSETS, trainer, cfg_b, tokenizer=tok,

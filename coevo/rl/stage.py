@@ -209,7 +209,7 @@ def rl_stage(store: Any, run: str, round: int, env: str | Environment, assets: A
              trainer: Any, cfg: StageConfig, *, tokenizer: Any = None, resume: bool = False,
              sampler: TaskSampler | None = None, backend: Any = None,
              on_step: Callable[[StepLog], None] | None = None,
-             parent: str | None = None, executor: Any = None) -> StageResult:
+             parent: str | None = None, executor: Any = None, judge: Any = None) -> StageResult:
     """Run `cfg.steps` RL steps of `round` (see the module docstring); returns what it did.
 
     backend: the rollout backend (default: `live_policy(trainer, tokenizer)`; a stand-in in
@@ -259,7 +259,7 @@ def rl_stage(store: Any, run: str, round: int, env: str | Environment, assets: A
     own_backend = backend is None and not remote
     policy = live_policy(trainer, tokenizer) if own_backend else backend
     base_name = getattr(policy, "name", None) or getattr(executor, "name", "executor")
-    executor = executor if remote else LocalExecutor(policy)
+    executor = executor if remote else LocalExecutor(policy, judge=judge)
     result = StageResult(run=run_rec.id, round=round, start_step=start, end_step=end,
                          resumed_from=resumed_from, checkpoint=parent_id)
 
@@ -280,35 +280,40 @@ def rl_stage(store: Any, run: str, round: int, env: str | Environment, assets: A
         stats = trainer.train_step(trajs)
         sampled = sum(t.sampled_tokens for t in trajs)
         failures = sum(1 for t in trajs if t.infra_failed)
-        saved = None
-        if (trainer.step_count - start) % cfg.checkpoint_every == 0 or trainer.step_count >= end:
-            folder = ckpt_root / f"step-{trainer.step_count}"
-            info = save_checkpoint(trainer, folder)
-            rec = store.add_checkpoint(path=str(folder), sha256=info.sha256,
-                                       base_model=info.base_model, step=info.step,
-                                       run=run_rec.id, round=round, parent=parent_id, **hashes)
-            parent_id = saved = rec.id
-            result.checkpoints.append(rec.id)
+        due = (trainer.step_count - start) % cfg.checkpoint_every == 0 or trainer.step_count >= end
+        info = save_checkpoint(trainer, ckpt_root / f"step-{trainer.step_count}") if due else None
         secs = time.perf_counter() - t0
+        # The checkpoint row, the step's charge and its log are written together: a crash
+        # before leaves the step to be redone (its charge, keyed by step, is then written
+        # once); a crash after has all three, and the resumed stage starts past this step.
         with store.transaction():
-            store.add_budget(run_rec.id, "rollouts", len(trajs), round=round)
-            store.add_budget(run_rec.id, "tokens", sampled, round=round)
-            store.add_budget(run_rec.id, "seconds", secs, round=round)
-        entry = StepLog(
-            step=trainer.step_count, index=trainer.step_count - start, of=cfg.steps,
-            reward_mean=stats.reward_mean, signal_fraction=stats.signal_fraction,
-            loss=stats.loss, kl=stats.kl, updated=stats.updated, rollouts=len(trajs),
-            infra_failures=failures, tokens_sampled=sampled,
-            rollout_tokens_per_s=sampled / t_roll if t_roll > 0 else 0.0,
-            train_tokens_per_s=stats.tokens_per_s, seconds_rollout=t_roll,
-            seconds_train=stats.seconds, checkpoint=saved)
+            saved = None
+            if info is not None:
+                rec = store.add_checkpoint(path=str(ckpt_root / f"step-{trainer.step_count}"),
+                                           sha256=info.sha256, base_model=info.base_model,
+                                           step=info.step, run=run_rec.id, round=round,
+                                           parent=parent_id, **hashes)
+                parent_id = saved = rec.id
+                result.checkpoints.append(rec.id)
+            store.charge(run_rec.id, {
+                "rollouts": len(trajs), "tokens": sum(len(t.token_ids) for t in trajs),
+                "train_tokens": sum(len(t.token_ids) for t in trajs if t.trainable),
+                "seconds": secs}, round=round, key=f"rl:{round}:{s}")
+            entry = StepLog(
+                step=trainer.step_count, index=trainer.step_count - start, of=cfg.steps,
+                reward_mean=stats.reward_mean, signal_fraction=stats.signal_fraction,
+                loss=stats.loss, kl=stats.kl, updated=stats.updated, rollouts=len(trajs),
+                infra_failures=failures, tokens_sampled=sampled,
+                rollout_tokens_per_s=sampled / t_roll if t_roll > 0 else 0.0,
+                train_tokens_per_s=stats.tokens_per_s, seconds_rollout=t_roll,
+                seconds_train=stats.seconds, checkpoint=saved)
+            if on_step is not None:
+                on_step(entry)
         result.steps.append(entry)
         result.rollouts += len(trajs)
         result.infra_failures += failures
         result.tokens_sampled += sampled
         result.checkpoint = parent_id
-        if on_step is not None:
-            on_step(entry)
     if own_backend:
         policy.name = base_name
     result.seconds = time.perf_counter() - t_stage
