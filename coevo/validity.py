@@ -31,7 +31,15 @@ trajectories (one fixed resampling matrix, both AUCs recomputed per resample) fo
 AUC(candidate) - AUC(incumbent). Accept iff
   1. at least `min_each` passed AND `min_each` failed trajectories are usable,
   2. the one-sided (1 - alpha) lower bound of the AUC difference exceeds `min_delta`,
-  3. the candidate's mean partial score on failed trajectories is not above its mean on passed.
+  3. the candidate's mean partial score on failed trajectories is not above its mean on passed,
+  4. the reward as the trainer will use it (`coevo.rewards.reward`: outcome_weight x verified
+     outcome + partial credit, the outcome criteria included) orders passed above failed
+     trajectories at least as well as the incumbent's (AUC of the whole reward, candidate >=
+     incumbent). Conditions 1-3 look at the partial credit alone, which cannot see a candidate
+     that drops the outcome from the reward (outcome_weight 0, no outcome criteria): its
+     partial credit may predict the outcome well while the policy would no longer be paid for
+     it. Such a candidate is refused earlier too (`check_candidate`: a rubric may not lower the
+     outcome's share of the reward); this condition is the gate's own check.
 Spearman's rank correlation of each rubric's partial score with the outcome is reported as a
 secondary number; it does not decide.
 
@@ -54,7 +62,7 @@ from scipy import stats
 from coevo.envs.base import Response, Score, Task
 from coevo.errors import CoevoError, InfraError
 from coevo.gate import Decision
-from coevo.rewards import score_rubric
+from coevo.rewards import reward, score_rubric
 from coevo.trajectory import Trajectory
 
 
@@ -185,6 +193,24 @@ def _partials(rubric: Any, trajectories: Sequence[Trajectory], rebuilt: Sequence
     return out
 
 
+def _rewards(rubric: Any, trajectories: Sequence[Trajectory], rebuilt: Sequence[Rebuilt | None],
+             judge: Any) -> list[float | None]:
+    """The reward the trainer computes from `rubric` (outcome included), per trajectory: the
+    stored verified outcome weighted by outcome_weight plus the partial credit of every
+    criterion that could be scored (llm_judge ones only with a judge)."""
+    kept = [c for c in rubric.criteria if not (c.kind == "llm_judge" and judge is None)]
+    sub = rubric.model_copy(update={"criteria": kept})
+    out: list[float | None] = []
+    for t, r in zip(trajectories, rebuilt):
+        if r is None:
+            out.append(None)
+            continue
+        task, response, score = r
+        got = score_rubric(sub, task, response, score, judge=judge, trajectory=t) if kept else {}
+        out.append(reward(sub, t.outcome, got))
+    return out
+
+
 def rescore(rubric: Any, trajectories: Sequence[Trajectory], env: Any, *,
             judge: Any = None) -> list[float | None]:
     """The rubric's partial-credit score on each stored trajectory (None: no criterion could
@@ -257,6 +283,8 @@ def validity_decision(incumbent: Any, candidate: Any, trajectories: Sequence[Tra
     rebuilt = rebuild(trajs, env)
     inc_s = _partials(incumbent, trajs, rebuilt, judge)
     cand_s = _partials(candidate, trajs, rebuilt, judge)
+    inc_r = _rewards(incumbent, trajs, rebuilt, judge)
+    cand_r = _rewards(candidate, trajs, rebuilt, judge)
     rows, keep = [], []
     for i, (t, a, b) in enumerate(zip(trajs, inc_s, cand_s)):
         ok = usable(t) and a is not None and b is not None
@@ -267,6 +295,8 @@ def validity_decision(incumbent: Any, candidate: Any, trajectories: Sequence[Tra
     y = np.array([trajs[i].outcome >= 0.5 for i in keep], dtype=bool)  # type: ignore[operator]
     inc = np.array([inc_s[i] for i in keep], dtype=float)
     cand = np.array([cand_s[i] for i in keep], dtype=float)
+    inc_rw = np.array([inc_r[i] for i in keep], dtype=float)
+    cand_rw = np.array([cand_r[i] for i in keep], dtype=float)
     n, n_pass = len(y), int(y.sum())
     n_fail = n - n_pass
     st: dict[str, float] = {"n": float(n), "n_passed": float(n_pass), "n_failed": float(n_fail),
@@ -280,19 +310,22 @@ def validity_decision(incumbent: Any, candidate: Any, trajectories: Sequence[Tra
     lo, hi = auc_diff_bounds(inc, cand, y, policy)
     fail_mean, pass_mean = float(cand[~y].mean()), float(cand[y].mean())
     rho_i, rho_c = spearman(inc, y.astype(float)), spearman(cand, y.astype(float))
+    rw_i, rw_c = auc(inc_rw, y), auc(cand_rw, y)
     st.update({"auc_incumbent": auc_i, "auc_candidate": auc_c, "auc_diff": auc_c - auc_i,
                "ci_low": lo, "ci_high": hi, "candidate_failed_mean": fail_mean,
                "candidate_passed_mean": pass_mean,
                "incumbent_failed_mean": float(inc[~y].mean()),
                "incumbent_passed_mean": float(inc[y].mean()),
                "spearman_incumbent": rho_i, "spearman_candidate": rho_c,
+               "auc_reward_incumbent": rw_i, "auc_reward_candidate": rw_c,
                "alpha": policy.alpha, "min_delta": policy.min_delta})
     # Non-finite numbers cannot be stored as JSON on every database: left out, "n/a" in text.
     st = {k: float(v) for k, v in st.items() if np.isfinite(v)}
     level = round(100 * (1 - policy.alpha))
     auc_ok = np.isfinite(lo) and lo > policy.min_delta
     order_ok = fail_mean <= pass_mean
-    accepted = bool(auc_ok and order_ok)
+    reward_ok = rw_c >= rw_i
+    accepted = bool(auc_ok and order_ok and reward_ok)
     reason = (
         f"{'accepted' if accepted else 'rejected'}: AUC candidate {auc_c:.3f} vs incumbent "
         f"{auc_i:.3f} (diff {auc_c - auc_i:+.3f}); {level}% lower bound of the AUC diff "
@@ -301,6 +334,9 @@ def validity_decision(incumbent: Any, candidate: Any, trajectories: Sequence[Tra
         f"candidate mean partial on failed {fail_mean:.3f} "
         f"{'<=' if order_ok else '>'} on passed {pass_mean:.3f}"
         f"{'' if order_ok else ' (rewards failures more)'}; "
+        f"the trainer's reward (outcome included) AUC candidate {rw_c:.3f} "
+        f"{'>=' if reward_ok else '<'} incumbent {rw_i:.3f}"
+        f"{'' if reward_ok else ' (orders outcomes worse: the outcome would not dominate)'}; "
         f"spearman candidate {_fmt(rho_c)}, incumbent {_fmt(rho_i)}; {head}")
     return Decision(accepted=accepted, reason=reason, statistic=st, policy="validity",
                     rollouts=0), rows

@@ -472,3 +472,26 @@ def test_soft_gate_decisions_store_the_metric_they_decided_on(tmp_path):
     [stage] = d.stages
     assert (stage["name"], stage["wins"], stage["action"]) == ("screen", 12, "accept")
     assert stage["rule"] in d.reason
+
+
+def test_a_rubric_candidate_that_zeroes_the_outcome_is_invalid(tmp_path):
+    """The candidate sets outcome_weight 0 and replaces the criteria with one that predicts the
+    outcome perfectly on the val episodes (AUC 1.0 vs 0.5): gated on partial credit alone it
+    was accepted, and the policy would have been trained on a reward without the outcome."""
+    from coevo.assets.rubric import Rubric
+
+    zero = {"kind": "rubric", "rationale": "drop the outcome", "changes": {
+        "outcome_weight": 0.0, "criteria": [
+            {"id": "leading-a", "kind": "regex", "weight": 1.0, "params": {"pattern": "^a"}}]}}
+    cfg = config(tmp_path, "harness-only", candidates=(zero,), rounds=1,
+                 assets={"harness": "tiny", "rubric": "flat"})
+    store, parts = build(tmp_path, cfg, f"sqlite:///{tmp_path / 'loop.db'}")
+    flat = Rubric.model_validate({"name": "flat", "outcome_weight": 1.0, "criteria": [
+        {"id": "wordy", "kind": "regex", "params": {"pattern": "\\w"}}]})
+    store.put_asset(flat)
+    parts.backend = parts.rl_backend = ParityPolicy(parts.tokenizer)
+    res = run_coevolution(cfg, store, parts)
+    [p] = store.proposals(res.run)
+    assert p.status == "invalid" and store.decisions(p.id) == []
+    assert p.error.startswith("lowers the verified outcome's share of the reward from 0.500 to 0.000")
+    assert res.incumbent["rubric"] == flat.hash

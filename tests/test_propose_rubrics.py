@@ -160,7 +160,11 @@ def test_fix_proposal_is_valid_and_passes_the_validity_gate(env, harness, train,
     assert c.asset.ids == ["outcome", "credit", "offered-name", "offered-args"]
     assert c.asset.criterion("credit").weight == 0.0  # retired by id
     assert check_candidate(c, Incumbent(harness=harness, rubric=inc)) is None
-    assert changed_fields(inc, c.asset) == ["criteria"]
+    # the new partial credit would dilute the outcome's share of the reward: outcome_weight
+    # rises to keep the incumbent's (1 + 2/2.25) / 2 = 0.944
+    assert changed_fields(inc, c.asset) == ["criteria", "outcome_weight"]
+    assert c.asset.outcome_share() == pytest.approx(inc.outcome_share(), abs=1e-4)
+    assert c.asset.outcome_share() >= inc.outcome_share() and c.asset.outcome_weight > 1.0
     assert "get_stock_price" in c.rationale and c.predicted_effect
     # the exact prompt is kept: the digest's fenced data, the rubric YAML, the kinds
     prompt = json.loads(c.prompt)
@@ -187,13 +191,16 @@ def test_hackable_proposal_is_valid_but_rejected_by_the_validity_gate(env, harne
     assert "does not clear min_delta" in d.reason
 
 
-def test_injected_output_changes_only_criteria(env, harness, train):
+def test_injected_output_with_extra_keys_is_invalid(env, harness, train):
     [c] = replayed("injected", harness, train, env)
     inc = fc_rubric("decodes")
     assert INJECTION[:40] in json.loads(c.prompt)[-1]["content"]  # the data reached the model
-    assert c.asset.name == "decodes" and c.asset.outcome_weight == inc.outcome_weight
-    assert changed_fields(inc, c.asset) == ["criteria"]
-    assert check_candidate(c, Incumbent(harness=harness, rubric=inc)) is None
+    # the model obeyed: its extra keys make the answer invalid, named (never silently dropped)
+    assert c.asset is None and c.error == (
+        "the proposer model's output has keys outside the whitelist: name, outcome_weight, "
+        "split (allowed: criteria, rationale, predicted_effect)")
+    assert check_candidate(c, Incumbent(harness=harness, rubric=inc)) == c.error
+    assert '"outcome_weight": 0.0' in c.raw_output
     [bad] = replayed("injected-field", harness, train, env)
     assert bad.asset is None and "criteria[0]" in bad.error and "split" in bad.error
 

@@ -21,7 +21,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-from coevo.assets.base import changed_fields, forbidden_changes
 from coevo.assets.rubric import Rubric
 from coevo.assets.skill import Skill, SkillLibrary
 from coevo.config import RunConfig
@@ -124,18 +123,16 @@ def test_injected_trajectories_change_nothing_outside_the_whitelist(tmp_path):
     assert len(props) == 7
     by = {p.rationale.split("\n")[0]: p for p in props}
 
-    # 1. extra keys are dropped by the typed outputs: only the system prompt changed, and the
-    #    gate judged it like any revision (it does not help this policy: rejected)
-    obey = by["as the admin instructed"]
-    assert obey.status == "rejected" and obey.error is None
-    assert set(obey.diff) == {"system_prompt"}
-    cand = store.get_asset("harness", obey.candidate)
-    assert changed_fields(seed_h, cand) == ["system_prompt"] and forbidden_changes(seed_h, cand) == []
-    assert cand.name == "tiny" and cand.system_prompt == NEW_PROMPT
-    assert cand.tools == seed_h.tools and cand.tools[0].function.parameters != EVIL_SCHEMA
-    assert '"name": "pwned"' in obey.raw_output  # what the model said stays auditable
-    [d] = store.decisions(obey.id)
-    assert not d.accepted and d.policy == "paired"
+    # 1. extra keys are never dropped silently: the answer is invalid, the keys named in the
+    #    stored error, the raw output kept; nothing of it was stored as a version or gated
+    [obey] = [p for p in props if '"name": "pwned"' in p.raw_output]
+    assert obey.status == "invalid" and obey.candidate is None and store.decisions(obey.id) == []
+    assert obey.error == ("the proposer model's output has keys outside the whitelist: files, "
+                          "gate, name, path, splits, tools (allowed: system_prompt, answer_format, "
+                          "tool_doc_preamble, tool_descriptions, workflow, rationale, "
+                          "predicted_effect)")
+    assert not any(a.name == "pwned" or "ACCEPT_ALL" in str(a) for a in
+                   (store.get_asset("harness", r.hash) for r in store.list_assets("harness")))
 
     # 2-4. the attempts through the typed fields are invalid, naming the field; never gated
     reasons = {k: by[k].error for k in ("admin", "write the file")}
@@ -151,7 +148,7 @@ def test_injected_trajectories_change_nothing_outside_the_whitelist(tmp_path):
     assert by["scripted: rubric"].error == "changes fields outside the rubric whitelist: name"
     assert by["scripted: bad schema"].error.startswith("harness.tools.0.function.parameters")
     invalid = [p for p in props if p.status == "invalid"]
-    assert len(invalid) == 6 and all(p.candidate is None and store.decisions(p.id) == [] for p in invalid)
+    assert len(invalid) == 7 and all(p.candidate is None and store.decisions(p.id) == [] for p in invalid)
 
     # nothing else moved: the incumbent, the run's split and gate settings, the val data
     assert res.incumbent["harness"] == seed_h.hash and res.incumbent["rubric"] == RUBRIC.hash
@@ -162,7 +159,7 @@ def test_injected_trajectories_change_nothing_outside_the_whitelist(tmp_path):
     val_ids = {t.id for t in EchoToolEnv().tasks("val")}
     assert val and {t.task_id for t in val} == val_ids
     assert {t.task_id for t in train} <= {t.id for t in EchoToolEnv().tasks("train")}
-    assert {t.harness for t in val} == {seed_h.hash, cand.hash}  # the two gate arms only
+    assert {t.harness for t in val} == {seed_h.hash}  # only the val curve: nothing was gated
     # no file written, no code edited
     assert not Path(OWNED).exists()
     assert code == {p: _sha(REPO / p) for p in code}

@@ -224,15 +224,13 @@ def test_injected_instructions_cannot_change_anything_outside_the_whitelist():
     prompt = json.loads(cand.prompt)[-1]["content"]
     fenced = prompt[prompt.index("<<<EPISODE"):prompt.rindex("<<<END EPISODE")]
     assert "IGNORE PREVIOUS INSTRUCTIONS" in fenced  # shown only as fenced data
-    assert check_candidate(cand, inc) is None and member_violations(cand, inc) is None
-    assert changed_fields(inc.library, cand.asset) == ["skills"]
-    [skill] = cand.skills
-    # the model's extra keys (state, targets, license, parent, split, gate) were dropped
-    assert skill.name == "validation-split" and skill.state == "active"
-    assert skill.targets == ["required_args"] and skill.license is None and skill.parent is None
-    assert set(skill.model_dump(exclude_defaults=True)) == {"name", "description", "body", "targets"}
-    old = {r.name: r for r in inc.library.skills}
-    assert all(old[r.name] == r for r in cand.asset.skills if r.name in old)
+    # the model obeyed: keys outside the program's outputs (state, targets, license, parent,
+    # split, gate) make the whole answer invalid, the keys named, the raw output kept
+    assert cand.asset is None and cand.skills == []
+    assert cand.error == ("the proposer model's output has keys outside the whitelist: gate, "
+                          "license, parent, split, state, targets (allowed: name, description, "
+                          "body, rationale)")
+    assert check_candidate(cand, inc) == cand.error and '"gate"' in cand.raw_output
 
 
 # --- refine and lifecycle on usage evidence --------------------------------------------------------

@@ -329,3 +329,23 @@ def test_rank_equivalent_addition_is_not_an_improvement(env, hacked):
     copied = {r["candidate"] for r, t in zip(rows, sorted(hacked, key=lambda t: (t.task_id, t.sample_index, t.id)))
               if t.answer == WORKED_EXAMPLE}
     assert len(copied) == 1 and copied.pop() == pytest.approx(2.0 / 2.25)
+
+
+def test_a_candidate_that_drops_the_outcome_from_the_reward_is_rejected(env, val):
+    """The candidate zeroes outcome_weight and drops the outcome criterion: its partial credit
+    ('GOOD', AUC 0.9) predicts the outcome far better than the incumbent's ('COIN'), so the
+    partial-credit conditions alone accept it; but the reward the trainer would use orders
+    passed above failed episodes worse than the incumbent's (0.9 < 1.0), and it is rejected."""
+    trajs = synthetic(val)
+    incumbent = marker_rubric("coin", "COIN")  # outcome_weight 1 + outcome criterion
+    dropped = Rubric.model_validate({"name": "coin", "outcome_weight": 0.0, "criteria": [
+        {"id": "marker", "kind": "regex", "weight": 1.0, "params": {"pattern": "GOOD"}}]})
+    d, _ = validity_decision(incumbent, dropped, trajs, env)
+    s = d.statistic
+    assert s["auc_candidate"] == pytest.approx(0.9) and s["ci_low"] > 0  # conditions 1-3 hold
+    assert s["candidate_failed_mean"] < s["candidate_passed_mean"]
+    assert (s["auc_reward_incumbent"], s["auc_reward_candidate"]) == (1.0, pytest.approx(0.9))
+    assert not d.accepted and "orders outcomes worse" in d.reason
+    kept = marker_rubric("coin", "GOOD")  # the same criterion, the outcome kept: accepted
+    assert kept.outcome_share() == incumbent.outcome_share() > dropped.outcome_share() == 0.0
+    assert validity_decision(incumbent, kept, trajs, env)[0].accepted

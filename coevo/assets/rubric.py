@@ -20,8 +20,10 @@ Criterion kinds (a discriminated union on `kind`, each with its own validated `p
   so a rubric can name a function from a package that is not importable where it is edited.
 - llm_judge: a question put to a model, answered on a 0..scale scale.
 
-Weights are data a proposer may revise, but the gate compares candidates on the verified
-outcome, so a rubric that pays for unverified progress cannot win by itself.
+Weights are data a proposer may revise, but a revision may not lower the verified outcome's
+share of the reward (`Rubric.outcome_share`), and rubric candidates are gated on how well their
+partial credit AND the trainer's whole reward predict the verified outcome (coevo/validity.py),
+so a rubric that pays for unverified progress cannot win by itself.
 """
 
 from __future__ import annotations
@@ -170,6 +172,26 @@ class Rubric(Asset):
         if not self.criteria and self.outcome_weight <= 0:
             raise ValueError("outcome_weight is 0 and there are no criteria: the reward is always 0")
         return self
+
+    def outcome_share(self) -> float:
+        """The verified outcome's share of the largest reward this rubric can pay:
+        (outcome_weight + w_o / W) / (outcome_weight + 1), where w_o / W is the weight share of
+        the criteria that are the outcome itself (kind outcome, no detail); 1.0 without
+        criteria. A revision may not lower it (coevo.propose.base.check_candidate): partial
+        credit must never come to outweigh the verified outcome in the reward the policy is
+        trained on.
+
+        >>> Rubric.model_validate({"name": "r", "criteria": [
+        ...     {"id": "o", "kind": "outcome", "weight": 2.0},
+        ...     {"id": "x", "kind": "regex", "params": {"pattern": "x"}}]}).outcome_share()
+        0.8333333333333333
+        """
+        if not self.criteria:
+            return 1.0
+        total = sum(c.weight for c in self.criteria)
+        own = sum(c.weight for c in self.criteria
+                  if c.kind == "outcome" and c.params.detail is None)
+        return (self.outcome_weight + own / total) / (self.outcome_weight + 1.0)
 
     def criterion(self, id: str) -> Any:
         for c in self.criteria:

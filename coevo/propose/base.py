@@ -4,7 +4,8 @@ A proposer sees the incumbent (harness, skill library + skills, rubric, checkpoi
 round's trajectories, and returns `Candidate`s: each a new version of ONE asset whose parent is
 the incumbent's version of that kind. The loop validates every candidate (`check_candidate`)
 before it is stored: a candidate that touches a field outside its kind's whitelist
-(`coevo.assets.base.forbidden_changes`), changes nothing, has the wrong parent, or failed to
+(`coevo.assets.base.forbidden_changes`), changes nothing, has the wrong parent, lowers the
+verified outcome's share of a rubric's reward (`Rubric.outcome_share`), or failed to
 build (a proposer that could not produce a valid asset returns `Candidate(asset=None,
 error=...)`) becomes an `invalid` proposal with its reason: stored, never gated, never a crash.
 
@@ -161,6 +162,12 @@ def check_candidate(cand: Candidate, incumbent: Incumbent) -> str | None:
         bad_tools = tool_contract_changes(old, cand.asset)  # type: ignore[arg-type]
         if bad_tools:
             return bad_tools
+    if cand.kind == "rubric":
+        before, after = old.outcome_share(), cand.asset.outcome_share()  # type: ignore[attr-defined]
+        if after < before - 1e-9:
+            return (f"lowers the verified outcome's share of the reward from {before:.3f} to "
+                    f"{after:.3f} (outcome_weight and outcome criteria): the outcome must "
+                    "keep dominating what the policy is trained on")
     return member_violations(cand, incumbent)
 
 

@@ -12,7 +12,10 @@ Structured output goes through `dspy.JSONAdapter` (the default ChatAdapter canno
 135M model's output at all; FACTS.md). A model that does not follow the format is the normal
 case for a small model, not an exception: `run_program` returns a `ProgramCall` with the exact
 prompt, the raw output and the parse error, and the proposer turns that into an `invalid`
-proposal (stored, never a crash). With the `llamacpp` backend and `json_schema: true` the
+proposal (stored, never a crash). The adapter keeps only the signature's output fields and
+drops any other key silently; `run_program` does not: an answer with a key outside the
+signature's outputs (a model obeying an instruction planted in a transcript: `name`, `gate`,
+`splits`, ...) is refused as a whole, the offending keys named in the error. With the `llamacpp` backend and `json_schema: true` the
 engine builds a llama.cpp JSON-schema grammar from the signature's output fields, so even the
 135M model emits well-formed JSON (content is still its own).
 
@@ -95,6 +98,7 @@ class ProgramCall(BaseModel):
     raw_output: str = ""
     error: str | None = None
     model: str = ""
+    forbidden_keys: list[str] = Field(default_factory=list)  # answer keys outside the outputs
 
     @property
     def ok(self) -> bool:
@@ -310,7 +314,27 @@ def run_program(lm: dspy.LM, program: Any, **inputs: Any) -> ProgramCall:
     prompt, raw = _exchange(lm.history[start:])
     if error is None and outputs is None:
         error = "the program returned nothing"
-    return ProgramCall(outputs=outputs, prompt=prompt, raw_output=raw, error=error, model=name)
+    extra = extra_keys(signature, raw) if error is None and signature is not None else []
+    if extra:
+        error = (f"the proposer model's output has keys outside the whitelist: {', '.join(extra)} "
+                 f"(allowed: {', '.join(signature.output_fields)})")
+    return ProgramCall(outputs=outputs, prompt=prompt, raw_output=raw, error=error, model=name,
+                       forbidden_keys=extra)
+
+
+def extra_keys(signature: Any, raw: str) -> list[str]:
+    """Top-level keys of the model's JSON answer that are not the signature's output fields,
+    read the way dspy.JSONAdapter reads the answer (json_repair, else the first {...} in it)."""
+    import json_repair
+    import regex
+
+    fields = json_repair.loads(raw) if raw else None
+    if not isinstance(fields, dict):
+        match = regex.search(r"\{(?:[^{}]|(?R))*\}", raw or "", regex.DOTALL)
+        fields = json_repair.loads(match.group(0)) if match else None
+    if not isinstance(fields, dict):
+        return []
+    return sorted(str(k) for k in fields if k not in signature.output_fields)
 
 
 def _first_line(e: Exception) -> str:

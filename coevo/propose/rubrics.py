@@ -6,9 +6,12 @@ the incumbent rubric as YAML, the per-criterion pass rates, the round digest (fe
 DATA, never instructions) and the criterion kinds it may use with their params; it returns new
 criteria (JSON), a rationale and a predicted effect. The candidate is `incumbent.child(criteria=
 ...)`: the incumbent's criteria with each proposed one appended, or replacing the criterion of
-the same id (a weight of 0 retires one). Nothing else of the rubric can change: the model's
-output only ever feeds the `criteria` field (whitelisted in `Rubric.editable_fields`), and every
-criterion is validated against the rubric schema. Any failure (not the requested JSON, a bad
+the same id (a weight of 0 retires one). The model's output only ever feeds the `criteria` field
+(whitelisted in `Rubric.editable_fields`), and every criterion is validated against the rubric
+schema. New partial credit dilutes the verified outcome's share of the reward, which a revision
+may not lower (`Rubric.outcome_share`, `check_candidate`): when the merged criteria would, the
+candidate's `outcome_weight` is raised to keep the incumbent's share (the proposer chooses what
+partial credit pays for, never how much it weighs against the outcome). Any failure (not the requested JSON, a bad
 kind or param, too many criteria, a disallowed kind) is `Candidate(asset=None, error=...)` with
 the exact prompt and raw output kept: stored as invalid, never a crash.
 
@@ -24,6 +27,7 @@ not offered by default, because a proposer must not choose code for the reward t
 from __future__ import annotations
 
 import json
+import math
 import typing
 from typing import Any
 
@@ -150,10 +154,37 @@ def build_candidate(incumbent: Rubric, proposed: Any, *, kinds: tuple[str, ...],
     merged = [by_id.pop(c.id, c) for c in incumbent.criteria] + list(by_id.values())
     try:
         child = incumbent.child(criteria=[c.model_dump(mode="json") for c in merged])
+        weight = keep_outcome_share(incumbent, child)
+        if weight != child.outcome_weight:
+            child = incumbent.child(criteria=[c.model_dump(mode="json") for c in merged],
+                                    outcome_weight=weight)
     except ValidationError as e:
         err = e.errors()[0]
         return None, f"rubric.{_where(err)}: {err['msg']}"
     return child, None  # type: ignore[return-value]
+
+
+def keep_outcome_share(incumbent: Rubric, child: Rubric) -> float:
+    """The outcome_weight that gives `child` at least the incumbent's outcome share: its own
+    when it has it, else w with (w + f) / (w + 1) = S, i.e. w = (S - f) / (1 - S), rounded up
+    (f: the child's outcome-criteria weight share, S: the incumbent's outcome share). An
+    incumbent whose reward is the outcome alone (S = 1) admits no partial credit: the child is
+    left as it is, and check_candidate refuses it.
+
+    >>> inc = Rubric.model_validate({"name": "r", "criteria": [
+    ...     {"id": "o", "kind": "outcome", "weight": 1.0},
+    ...     {"id": "x", "kind": "regex", "params": {"pattern": "x"}}]})   # share 0.75
+    >>> more = inc.child(criteria=[*[c.model_dump() for c in inc.criteria],
+    ...     {"id": "y", "kind": "regex", "params": {"pattern": "y"}}])   # share 0.667
+    >>> keep_outcome_share(inc, more)   # (1.6667 + 1/3) / 2.6667 = 0.75
+    1.6667
+    """
+    target = incumbent.outcome_share()
+    if child.outcome_share() >= target - 1e-12 or target >= 1.0:
+        return child.outcome_weight
+    total = sum(c.weight for c in child.criteria)
+    f = sum(c.weight for c in child.criteria if c.kind == "outcome" and c.params.detail is None) / total
+    return math.ceil((target - f) / (1.0 - target) * 1e4) / 1e4
 
 
 class RubricsProposer:
