@@ -175,6 +175,19 @@ def rebuild(trajectories: Sequence[Trajectory], env: Any) -> list[Rebuilt | None
     return out
 
 
+def _scored(rubric: Any, trajectories: Sequence[Trajectory], rebuilt: Sequence[Rebuilt | None],
+            judge: Any) -> list[tuple[Trajectory, dict[str, float]] | None]:
+    """Each usable trajectory with its criteria scores under `rubric` (None: not rebuilt)."""
+    out: list[tuple[Trajectory, dict[str, float]] | None] = []
+    for t, r in zip(trajectories, rebuilt):
+        if r is None or not rubric.criteria:
+            out.append(None if r is None else (t, {}))
+            continue
+        task, response, score = r
+        out.append((t, score_rubric(rubric, task, response, score, judge=judge, trajectory=t)))
+    return out
+
+
 def _partials(rubric: Any, trajectories: Sequence[Trajectory], rebuilt: Sequence[Rebuilt | None],
               judge: Any) -> list[float | None]:
     sub = partial_rubric(rubric, judge=judge)
@@ -182,14 +195,9 @@ def _partials(rubric: Any, trajectories: Sequence[Trajectory], rebuilt: Sequence
         return [None] * len(trajectories)
     weights = {c.id: c.weight for c in sub.criteria}
     out: list[float | None] = []
-    for t, r in zip(trajectories, rebuilt):
-        if r is None:
-            out.append(None)
-            continue
-        task, response, score = r
-        got = score_rubric(sub, task, response, score, judge=judge, trajectory=t)
-        total = sum(weights[k] for k in got)
-        out.append(sum(weights[k] * v for k, v in got.items()) / total if total > 0 else None)
+    for x in _scored(sub, trajectories, rebuilt, judge):
+        total = sum(weights[k] for k in x[1]) if x is not None else 0.0
+        out.append(sum(weights[k] * v for k, v in x[1].items()) / total if total > 0 else None)  # type: ignore[index]
     return out
 
 
@@ -200,15 +208,8 @@ def _rewards(rubric: Any, trajectories: Sequence[Trajectory], rebuilt: Sequence[
     criterion that could be scored (llm_judge ones only with a judge)."""
     kept = [c for c in rubric.criteria if not (c.kind == "llm_judge" and judge is None)]
     sub = rubric.model_copy(update={"criteria": kept})
-    out: list[float | None] = []
-    for t, r in zip(trajectories, rebuilt):
-        if r is None:
-            out.append(None)
-            continue
-        task, response, score = r
-        got = score_rubric(sub, task, response, score, judge=judge, trajectory=t) if kept else {}
-        out.append(reward(sub, t.outcome, got))
-    return out
+    return [None if x is None else reward(sub, x[0].outcome, x[1])
+            for x in _scored(sub, trajectories, rebuilt, judge)]
 
 
 def rescore(rubric: Any, trajectories: Sequence[Trajectory], env: Any, *,
