@@ -282,10 +282,11 @@ def eval_cmd(
     assets = load_agent_assets(store, harness, rubric, skills)
     with console.status(f"loading {model}"):
         backend = load_backend(model) if executor == "local" else None
-    ex = make_executor(executor, backend=model) if executor != "local" else None
+    # llm_judge criteria are answered by the policy's own model (as in a run without `judge`)
+    ex = make_executor(executor, backend=model, judge=model) if executor != "local" else None
     with console.status(f"running {env} {split}"):
         result = evaluate(store, env, assets, backend, split=split, n=n, samples=samples,
-                          seed=seed, checkpoint=checkpoint, executor=ex)
+                          seed=seed, checkpoint=checkpoint, executor=ex, judge=backend)
     console.print(eval_table(result))
 
 
@@ -340,9 +341,10 @@ def train_cmd(
 
     remote = None
     if executor != "local":
-        remote = make_executor(executor, backend=rollout_model or model, num_actors=actors)
+        remote = make_executor(executor, backend=rollout_model or model, num_actors=actors,
+                               judge=model)
     elif rollout_model:
-        remote = LocalExecutor(load_backend(rollout_model))
+        remote = LocalExecutor(load_backend(rollout_model), judge=backend)
     cols = (TextColumn("[bold]RL[/bold]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             TextColumn("{task.fields[info]}"))
     with Progress(*cols, console=console) as bar:
@@ -358,7 +360,7 @@ def train_cmd(
                               + (f", checkpoint {log.checkpoint[:12]}" if log.checkpoint else ""), highlight=False)
 
         result = rl_stage(store, rec.id, 0, env, assets, trainer, cfg, tokenizer=backend.tokenizer,
-                          resume=resume, on_step=on_step, executor=remote)
+                          resume=resume, on_step=on_step, executor=remote, judge=backend)
     if remote is not None:
         remote.close()
     store.finish_round(rec.id, 0, summary={"rl": result.model_dump(mode="json")})

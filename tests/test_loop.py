@@ -495,3 +495,52 @@ def test_a_rubric_candidate_that_zeroes_the_outcome_is_invalid(tmp_path):
     assert p.status == "invalid" and store.decisions(p.id) == []
     assert p.error.startswith("lowers the verified outcome's share of the reward from 0.500 to 0.000")
     assert res.incumbent["rubric"] == flat.hash
+
+
+def test_one_round_with_an_llm_judge_rubric(tmp_path):
+    """A rubric with an llm_judge criterion (the rubrics proposer offers them by default)
+    crashed the RL stage, the gate and the final test ("no judge backend was given"). The
+    run's judge answers them everywhere; without one, the policy's backend is the judge."""
+    from coevo.assets.rubric import Rubric
+
+    judged = Rubric.model_validate({"name": "judged", "outcome_weight": 1.0, "criteria": [
+        {"id": "polite", "kind": "llm_judge", "params": {"question": "Is the reply polite?"}}]})
+    cfg = config(tmp_path, "gated", assets={"harness": "tiny", "rubric": "judged"})
+    store, parts = build(tmp_path, cfg, f"sqlite:///{tmp_path / 'judge.db'}")
+    store.put_asset(judged)
+    parts.judge = ScriptedBackend(lambda request, i: "4", name="judge")  # 4 of 5
+    res = run_coevolution(cfg, store, parts)
+    trajs = store.trajectories(res.run)
+    assert {t.split for t in trajs} == {"train", "val", "test"}  # RL, gate + val curve, final
+    assert all(t.criteria == {"polite": 0.8} for t in trajs)
+    assert all(t.reward == t.outcome + 0.8 for t in trajs)
+    assert len(parts.judge.requests) == len(trajs)  # one question per episode
+    assert store.get_proposal(store.proposals(res.run)[0].id).status == "accepted"
+    # the default judge: the policy itself (its replies carry no score: the criterion is missing)
+    cfg2 = config(tmp_path, "harness-only", name="default-judge",
+                  assets={"harness": "tiny", "rubric": "judged"})
+    store2, parts2 = build(tmp_path, cfg2, f"sqlite:///{tmp_path / 'judge2.db'}")
+    store2.put_asset(judged)
+    res2 = run_coevolution(cfg2, store2, parts2)
+    assert res2.final is not None and res2.final.mean == 1.0
+    asked = [r for r in parts2.backend.requests if r.prompt_ids is None]
+    assert asked and "Is the reply polite?" in asked[0].messages[-1]["content"]
+    assert all(t.criteria == {} for t in store2.trajectories(res2.run))
+
+
+def test_spend_is_charged_in_tokens_and_demos_costs_no_call(tmp_path):
+    """Every rollout's prefilled + generated tokens are charged (RL rollouts, gate arms), the
+    RL update's tokens apart; the demos proposer calls no model and is charged nothing."""
+    cfg = config(tmp_path, "gated", proposers=[{"name": "demos"}])
+    store, parts = build(tmp_path, cfg, f"sqlite:///{tmp_path / 'spend.db'}")
+    res = run_coevolution(cfg, store, parts)
+    spent = store.budget_totals(res.run, round=0)
+    assert "proposer_calls" not in spent
+    [r0] = store.rounds(res.run)
+    tracked = {x.id for e in r0.summary["evaluations"].values()
+               for x in store.trajectories(evaluation=e)}
+    charged = [t for t in store.trajectories(res.run, round=0) if t.id not in tracked]
+    assert spent["tokens"] == sum(len(t.token_ids) for t in charged) > 0
+    rl = [t for t in charged if t.split == "train"]
+    assert spent["train_tokens"] == sum(len(t.token_ids) for t in rl if t.trainable) > 0
+    assert spent["rollouts"] == len(charged)

@@ -123,6 +123,7 @@ class HarnessAdapter:
         self.env, self.incumbent, self.backend = env, incumbent, backend
         self.seed, self.score, self.feedback_chars = seed, score, feedback_chars
         self.episodes = 0
+        self.tokens = 0  # prefilled + generated tokens of those episodes
         self.infra_failures = 0
         self.started: list[str] = []  # task ids run, for audit (train only, by construction)
 
@@ -145,9 +146,12 @@ class HarnessAdapter:
             return EvaluationBatch(outputs=[why] * len(batch), scores=[0.0] * len(batch),
                                    trajectories=[why] * len(batch) if capture_traces else None)
         a = self.incumbent.agent_assets()
+        # llm_judge criteria are answered by the policy's model, as in the loop's default
         trajs = run_episodes_sync(self.env, batch, harness, a.skills, a.rubric, self.backend,
-                                  samples=1, seeds=self.seed, split="train", library=a.library)
+                                  samples=1, seeds=self.seed, split="train", library=a.library,
+                                  judge=self.backend)
         self.episodes += len(trajs)
+        self.tokens += sum(len(t.token_ids) for t in trajs)
         self.started.extend(t.id for t in batch)
         scores = []
         for t in trajs:
@@ -320,7 +324,7 @@ class GepaProposer:
             module_selector="round_robin", use_merge=False, seed=self.seed + ctx.round,
             logger=_Log(), display_progress_bar=False, raise_on_exception=True)
         self.last_result, self.last_reflection, self.last_adapter = result, lm, adapter
-        self.last_cost = {"rollouts": float(adapter.episodes),
+        self.last_cost = {"rollouts": float(adapter.episodes), "tokens": float(adapter.tokens),
                           "proposer_calls": float(len(lm.exchanges))}
         miss = next((e for e in lm.errors if isinstance(e, CassetteMiss)), None)
         if miss is not None:

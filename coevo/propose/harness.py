@@ -43,7 +43,7 @@ from coevo.assets.harness import Decoding, Harness, SkillActivation, Workflow
 from coevo.assets.rubric import Rubric
 from coevo.propose.base import Candidate, ProposalContext
 from coevo.propose.digest import digest
-from coevo.propose.lm import proposer_lm, run_program
+from coevo.propose.lm import proposer_lm, run_program, tokens_spent
 
 TEXT_FIELDS = ("system_prompt", "answer_format", "tool_doc_preamble")
 
@@ -267,9 +267,12 @@ class HarnessProposer:
         self.last_cost = {"proposer_calls": 0.0 if inputs is None else float(self.candidates)}
         if inputs is None:
             return []
+        before = tokens_spent(self.lm)
         # Seeds differ per round and per candidate: the same prompt, different samples.
-        return [self._one(ctx.incumbent.harness, inputs, seed=ctx.seed * 1009 + k)
-                for k in range(self.candidates)]
+        out = [self._one(ctx.incumbent.harness, inputs, seed=ctx.seed * 1009 + k)
+               for k in range(self.candidates)]
+        self.last_cost["tokens"] = float(tokens_spent(self.lm) - before)
+        return out
 
     def _one(self, h: Harness, inputs: dict[str, Any], seed: int) -> Candidate:
         call = run_program(self.lm, self.program, config={"seed": seed}, **inputs)

@@ -198,6 +198,7 @@ class BackendEngine:
         self.model, self.cassette, self._backend = model, cassette, backend
         self._by_schema: dict[str, Any] = {}
         self.calls = 0  # model calls actually made (cassette hits excluded)
+        self.tokens = 0  # their prompt + output tokens (a replayed exchange computed none)
 
     @property
     def name(self) -> str:
@@ -244,6 +245,10 @@ class BackendEngine:
     def _generate(self, messages: list[dict[str, Any]], sampling: Sampling) -> str:
         self.calls += 1
         [[c]] = self.backend().generate([Request(messages=messages, sampling=sampling)])
+        # Prefilled + generated tokens, the budget's unit (coevo/ledger.py); a backend that
+        # returns no token ids (a hosted API) is estimated at 4 characters a token.
+        self.tokens += (len(c.prompt_ids) + len(c.token_ids) if c.token_ids or c.prompt_ids else
+                        (sum(len(str(m.get("content", ""))) for m in messages) + len(c.text)) // 4)
         if c.finish_reason == "error":
             # An infrastructure failure of the proposer model: the proposal is invalid with
             # this reason (run_program reports it), the round goes on.
@@ -275,6 +280,13 @@ def proposer_lm(model: ProposerModel | str | dict[str, Any] | None = None, *,
                  temperature=spec.temperature, max_tokens=spec.max_tokens)
     lm.coevo_engine = engine  # type: ignore[attr-defined]  (call counts, the model's name)
     return lm
+
+
+def tokens_spent(lm: Any) -> int:
+    """Prompt + output tokens the LM's engine has computed so far (0 for a foreign LM);
+    a proposer charges the difference across its propose() (coevo/ledger.py)."""
+    engine = getattr(lm, "coevo_engine", None)
+    return int(getattr(engine, "tokens", 0))
 
 
 def output_schema(signature: type[dspy.Signature]) -> dict[str, Any]:

@@ -48,7 +48,7 @@ from coevo.assets.rubric import (
 )
 from coevo.propose.base import Candidate, ProposalContext
 from coevo.propose.digest import digest
-from coevo.propose.lm import proposer_lm, run_program
+from coevo.propose.lm import proposer_lm, run_program, tokens_spent
 
 _CLASSES = {"outcome": OutcomeCriterion, "regex": RegexCriterion, "json_schema": JsonSchemaCriterion,
             "tool_called": ToolCalledCriterion, "python": PythonCriterion, "llm_judge": LlmJudgeCriterion}
@@ -228,7 +228,9 @@ class RubricsProposer:
         self.last_cost = {"proposer_calls": 0.0 if inputs is None else 1.0}  # what the loop charges
         if inputs is None:
             return []
+        before = tokens_spent(self.lm)
         call = run_program(self.lm, self.program, **inputs)
+        self.last_cost["tokens"] = float(tokens_spent(self.lm) - before)
         audit = {"prompt": call.prompt, "raw_output": call.raw_output, "model": call.model}
         if not call.ok:
             return [Candidate(asset=None, proposer=self.name, kind="rubric", error=call.error, **audit)]

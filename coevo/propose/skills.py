@@ -50,7 +50,7 @@ from coevo.assets.harness import Harness
 from coevo.assets.skill import Skill, SkillLibrary, SkillRef
 from coevo.propose.base import Candidate, Incumbent, ProposalContext, member_violations
 from coevo.propose.digest import PREAMBLE, transcript
-from coevo.propose.lm import proposer_lm, run_program
+from coevo.propose.lm import proposer_lm, run_program, tokens_spent
 from coevo.trajectory import Trajectory
 
 OPERATIONS = ("distil", "refine", "lifecycle")
@@ -334,12 +334,14 @@ class SkillsProposer:
         ops = {"distil": self._distil, "refine": self._refine, "lifecycle": self._lifecycle}
         out = []
         before = len(self._lm.history) if self._lm is not None else 0
+        tokens = tokens_spent(self._lm)
         for op in self.operations:
             cand = ops[op](ctx, lib, members, episodes)
             if cand is not None:
                 out.append(cand)
         if self._lm is not None:  # one history entry per model call (replayed ones too)
-            self.last_cost = {"proposer_calls": float(len(self._lm.history) - before)}
+            self.last_cost = {"proposer_calls": float(len(self._lm.history) - before),
+                              "tokens": float(tokens_spent(self._lm) - tokens)}
         return out
 
     def _invalid(self, error: str, **fields: Any) -> Candidate:
