@@ -108,7 +108,10 @@ def test_a_better_instruction_becomes_one_harness_candidate():
     assert "I provided an assistant with the following instructions" in cand.prompt
     assert "Reply with only the number." in cand.raw_output
     assert set(env.scored) <= {f"train-{i}" for i in range(6)} and len(env.scored) == 12
-    assert prop.last_cost == {"rollouts": 12.0, "proposer_calls": 1.0}
+    # the search's own episodes: rollouts and their prefilled + generated tokens
+    assert prop.last_cost == {"rollouts": 12.0, "proposer_calls": 1.0,
+                              "tokens": float(prop.last_adapter.tokens)}
+    assert prop.last_adapter.tokens >= 12 * 20  # every episode's prompt and reply
 
 
 def test_no_candidate_when_gepa_finds_nothing_better():

@@ -187,7 +187,8 @@ def test_candidates_are_separate_calls_with_different_seeds_each_checked():
     ctx = tool_context()
     h = ctx.incumbent.harness
     good, bounds, unknown = p.propose(ctx)
-    assert p.last_cost == {"proposer_calls": 3.0} and p.lm.coevo_engine.calls == 0
+    # replayed from the cassette: three calls, no tokens computed
+    assert p.last_cost == {"proposer_calls": 3.0, "tokens": 0.0} and p.lm.coevo_engine.calls == 0
     prompts = [json.loads(c.prompt) for c in (good, bounds, unknown)]
     assert prompts[0] == prompts[1] == prompts[2]  # same prompt, the seed is what differs
     tape = [json.loads(line) for line in (CASSETTES / "harness_tools.jsonl").read_text().splitlines()]

@@ -6,9 +6,20 @@ calls it, on the agent's tool calls converted to BFCL's decoded form `[{"func": 
 (ir)relevance categories follow `eval_runner`'s relevance rule: success = no call (irrelevance)
 or at least one call (relevance).
 
+Decoding. The outcome ("BFCL accuracy") decodes the final text exactly as BFCL decodes its
+Python prompting format (`coevo.envs.bfcl_decode`, `default_decode_ast_prompting` without its
+`eval`): prose around the call list is a decode failure, positional arguments are dropped.
+The harness's own parse (`Response.tool_calls`, coevo.envs.callparse: more lenient, a harness
+choice) feeds the partial credit and its own detail `lenient_correct` (BFCL's checker on the
+harness-parsed calls), next to `bfcl_decodes`. `BFCLEnv(decode="harness")` scores the outcome on
+the harness's parse instead, for harnesses that do not write BFCL's Python format (JSON, chat
+template tags); such a figure is not BFCL accuracy.
+
 Departures from BFCL's pipeline:
-- Decoding the model's text is coevo's (`coevo.envs.callparse`), so harnesses can choose the
-  output format; BFCL's `default_decode_ast_prompting` `eval`s arithmetic found in arguments.
+- BFCL `eval`s arithmetic found in arguments; coevo folds arithmetic on numbers only and never
+  runs model text (see bfcl_decode.py). The text decoded is the final turn's text as the
+  agent's answer extraction returns it (stripped of surrounding whitespace; BFCL strips only
+  spaces, newlines and backticks).
 - Function names: OpenAI function specs cannot contain ".", so offered tools use BFCL's
   underscore convention (`math.factorial` -> `math_factorial`) and the checker runs with
   `underscore_to_dot=True`, as BFCL does for OpenAI-style models. A call that uses the
@@ -38,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from coevo.envs.base import Response, Score, Task
+from coevo.envs.bfcl_decode import bfcl_decode
 from coevo.envs.splits import SplitSpec, select, split_field
 from coevo.errors import CoevoError, InfraError
 from coevo.trajectory import ToolCall, ToolResult
@@ -298,42 +310,59 @@ def normalize_names(calls: list[ToolCall], functions: list[dict]) -> list[ToolCa
     return [c.model_copy(update={"name": dotted.get(c.name, c.name)}) for c in calls]
 
 
-def check_single_turn(
-    category: str, functions: list[dict], answer: list[dict] | None, response: Response
-) -> Score:
-    """BFCL's verdict on one single-turn response, plus partial credit."""
+def _verdict(category: str, functions: list[dict], answer: list[dict] | None,
+             decoded: list[dict] | None) -> tuple[bool, dict[str, Any]]:
+    """BFCL's verdict on decoded calls `[{name: {arg: value}}]` (None: the decoder failed),
+    as `eval_runner` reaches it: relevance rule, format check, then the AST checker."""
     m = bfcl_modules()
-    calls = normalize_names(response.tool_calls, functions)
-    details = partial_credit(calls, functions, answer, m.standardize_string)
-    decoded = [{c.name: dict(c.arguments)} for c in calls]
-    info: dict[str, Any] = {"decoded": decoded}
-    if response.parse_error:
-        info["parse_error"] = response.parse_error
+    calls = decoded or []
     if "relevance" in category:  # irrelevance: no call wanted; relevance: some call wanted
         ok = not calls if "irrelevance" in category else bool(calls)
-        if not ok:
-            info["error"] = ("called a function when none applies" if calls
-                             else "no function call decoded")
-        details["no_call"] = float(not calls)
-        return Score(outcome=float(ok), success=ok, details=details, info=info)
+        return ok, {} if ok else {"error": "called a function when none applies" if calls
+                                  else "no function call decoded"}
     if not calls:
-        info["error"] = response.parse_error or "no function call decoded"
-        info["error_type"] = "ast_decoder:decoder_failed"
-        return Score(outcome=0.0, success=False, details=details, info=info)
-    if not m.utils.is_function_calling_format_output(decoded):
-        info["error"] = "decoded output is not [{name: {arg: value}}]"
-        return Score(outcome=0.0, success=False, details=details, info=info)
+        return False, {"error": "no function call decoded", "error_type": "ast_decoder:decoder_failed"}
+    if not m.utils.is_function_calling_format_output(calls):
+        return False, {"error": "decoded output is not [{name: {arg: value}}]"}
     try:
         result = m.ast_checker(
-            functions, decoded, answer, m.Language(language_of(category)), category, CHECKER_MODEL
+            functions, calls, answer, m.Language(language_of(category)), category, CHECKER_MODEL
         )
     except Exception as e:  # bad model values can trip BFCL's converters: a wrong answer
         result = {"valid": False, "error": [f"checker raised {type(e).__name__}: {e}"],
                   "error_type": "checker_exception"}
     ok = bool(result.get("valid"))
-    if not ok:
-        info["error"] = result.get("error")
-        info["error_type"] = result.get("error_type")
+    return ok, {} if ok else {"error": result.get("error"), "error_type": result.get("error_type")}
+
+
+def _offered_names(decoded: list[dict], functions: list[dict]) -> list[dict]:
+    """Original dotted names in decoded calls mapped to the offered underscore names."""
+    dotted = {f["name"]: openai_name(f["name"]) for f in functions}
+    return [{dotted.get(k, k): v for k, v in item.items()} for item in decoded]
+
+
+def check_single_turn(
+    category: str, functions: list[dict], answer: list[dict] | None, response: Response,
+    decode: str = "bfcl",
+) -> Score:
+    """BFCL's verdict on one single-turn response (the final text decoded as BFCL does, or
+    with decode="harness" the harness's parsed calls), plus partial credit."""
+    m = bfcl_modules()
+    calls = normalize_names(response.tool_calls, functions)
+    details = partial_credit(calls, functions, answer, m.standardize_string)
+    lenient = [{c.name: dict(c.arguments)} for c in calls]
+    lenient_ok, _ = _verdict(category, functions, answer, lenient)
+    details["lenient_correct"] = float(lenient_ok)
+    strict = bfcl_decode(response.text)
+    details["bfcl_decodes"] = float(bool(strict))
+    decoded = lenient if decode == "harness" else (
+        None if strict is None else _offered_names(strict, functions))
+    if "relevance" in category:
+        details["no_call"] = float(not decoded)
+    ok, why = _verdict(category, functions, answer, decoded)
+    info: dict[str, Any] = {"decoded": decoded, "decoder": decode, **why}
+    if response.parse_error:
+        info["parse_error"] = response.parse_error
     return Score(outcome=float(ok), success=ok, details=details, info=info)
 
 
@@ -345,14 +374,20 @@ class BFCLEnv:
 
     single_turn = True
 
-    def __init__(self, category: str, split: SplitSpec | dict | None = None, limit: int | None = None):
+    def __init__(self, category: str, split: SplitSpec | dict | None = None, limit: int | None = None,
+                 decode: str = "bfcl"):
+        if decode not in ("bfcl", "harness"):
+            raise CoevoError(f"bfcl: decode {decode!r}; expected bfcl (BFCL's own decoder: the "
+                             "outcome is BFCL accuracy) or harness (the harness's parse)")
+        self.decode = decode
         if category not in SINGLE_TURN_CATEGORIES:
             raise CoevoError(
                 f"bfcl: unknown single-turn category {category!r}; known: "
                 f"{', '.join(SINGLE_TURN_CATEGORIES)} (multi-turn ones: bfcl-multi:<category>)"
             )
         self.category = category
-        self.name = f"bfcl:{category}"
+        # A harness-decoded outcome is not BFCL accuracy: the name says so wherever it is shown.
+        self.name = f"bfcl:{category}" + ("?decode=harness" if decode == "harness" else "")
         self.split = split_field(split)
         self.limit = limit  # use only the first `limit` entries (before splitting)
         self._pool: list[Task] | None = None
@@ -396,4 +431,4 @@ class BFCLEnv:
         functions = task.metadata.get("functions")
         if functions is None:
             raise InfraError(f"{task.id}: task metadata lacks BFCL 'functions'")
-        return check_single_turn(self.category, functions, task.answer, response)
+        return check_single_turn(self.category, functions, task.answer, response, self.decode)
