@@ -1,12 +1,14 @@
-"""bench/coevolution.py: the --small smoke run end to end (pipeline, not numbers), plus the
-budget arithmetic and the null candidate it relies on.
+"""bench/coevolution.py: the --small smoke run end to end (pipeline, not numbers), the budget
+planning in model tokens, the seed-aware intervals, the null check, and the page rebuilt from
+its data JSON.
 
 The smoke run uses a tiny random Llama (tests/tiny_glue.py) as the policy through
 `--model hf:DIR`, not the embedded SmolLM2: measured on this 2-core machine, `--small` on the
 embedded model took 12.7 min (its 160-token arithmetic replies dominate), far over a CI
 smoke's ~3 min. Even with the tiny model it took ~10 min on the loaded shared box (load
-average ~7 on 2 cores; the HF per-token generation loop dominates), hence `slow`. Everything else is the real pipeline: build_parts, the RL stage, the demos
-proposer, the gate, the store, evaluate, the RESULTS.md generator and the PNG plot.
+average ~7 on 2 cores; the HF per-token generation loop dominates), hence `slow`. Everything
+else is the real pipeline: build_parts, the RL stage, the demos proposer, the gate, the store,
+evaluate, the null check, the RESULTS.md generator and the PNG plot.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 
 import coevolution as bench  # noqa: E402
+import coevolution_budget as budget  # noqa: E402
+import coevolution_null as null  # noqa: E402
+import coevolution_report as report  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -29,97 +34,40 @@ def _base(small: bool = True):
     return bench.base_config("arithmetic", small, Path("/tmp/unused"), None, ["demos"], "embedded")
 
 
-def test_round_reserve_counts_rl_proposer_and_gate_costs():
-    b = _base(small=False)  # steps 4 x 2 tasks x G 4; val_n 20; train_n 8 x 2; one proposer
-    assert bench.round_reserve(b, "weight-only", 8) == (32, 0)
-    assert bench.round_reserve(b, "ungated", 8) == (32 + 8, 0)
-    assert bench.round_reserve(b, "gated", 8) == (32 + 8, 2 * 20)
-    assert bench.round_reserve(b, "harness-only", 8) == (8 * 2 + 8, 2 * 20)
-    assert bench.cost({"rollouts": 30.0, "proposer_calls": 2.0, "eval_rollouts": 99.0}, 8) == 46.0
+# --- the budget, in model tokens -------------------------------------------------------------
 
 
-def test_null_candidate_is_admissible_and_invisible_to_the_model():
-    from coevo.propose.base import Incumbent, check_candidate
-    from coevo.store import Store
-
-    store = Store.open("sqlite://")
-    from coevo.assets.io import load_seed_dir
-
-    for a in load_seed_dir(REPO):
-        store.put_asset(a)
-    h = store.get_asset("harness", "reasoning")
-    cand = bench.null_candidate(h, 3)
-    assert cand.asset.hash != h.hash and check_candidate(cand, Incumbent(harness=h)) is None
-    assert cand.asset.render_system() == h.render_system()
-    assert cand.asset.demo_messages() == h.demo_messages()
-    assert bench.null_candidate(h, 4).hash != cand.hash  # N comparisons, N distinct versions
-
-
-def _table_rows(text: str, section: str) -> dict[str, list[str]]:
-    body = text.split(f"## {section}", 1)[1].split("\n## ", 1)[0]
-    rows = {}
-    for line in body.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if line.startswith("| ") and cells[0] in bench.MODE_ORDER:
-            rows[cells[0]] = cells
-    return rows
-
-
-@pytest.mark.slow  # a long run: ~10 min on the loaded shared 2-core box (HF generation loop)
-def test_small_run_writes_the_table_plot_and_null_check(tmp_path):
-    import tiny_glue
-
-    model = tiny_glue.save_tiny_model(tmp_path / "tiny")
-    out, results = tmp_path / "out", tmp_path / "docs" / "RESULTS.md"
-    rep = bench.main(["--small", "--model", f"hf:{model}", "--proposers", "demos",
-                      "--out", str(out), "--results", str(results)])
-    budget = rep["budget"]
-    assert budget == 20 and [r["mode"] for r in rep["runs"]] == list(bench.MODE_ORDER)
-
-    # Spend, recomputed from the store's own budget rows, is within the budget for every mode;
-    # weight-only (no proposer, no gate) fits the most rounds.
-    from coevo.store import Store
-
-    store = Store.open(f"sqlite:///{out / 'bench.db'}")
-    spent = {}
-    for r in rep["runs"]:
-        c = bench.cost(store.budget_totals(r["run"]), 8)
-        assert c == r["cost"] and 0 < c <= budget, (r["mode"], c)
-        spent[r["mode"]] = c
-        assert r["rounds"] >= 1 and r["tests"][r["env"]]["n"] == 4
-    by_mode = {r["mode"]: r for r in rep["runs"]}
-    assert by_mode["weight-only"]["rounds"] == budget // 4  # 1 step x 2 tasks x G 2 per round
-    assert store.budget_totals(by_mode["harness-only"]["run"]).get("proposer_calls", 0) >= 1
-    assert not store.trajectories(by_mode["harness-only"]["run"], split="train", limit=1)[0].checkpoint
-
-    text = results.read_text()
-    env = rep["runs"][0]["env"]
-    rows = _table_rows(text, env)
-    assert set(rows) == set(bench.MODE_ORDER)
-    for mode, cells in rows.items():
-        assert re.fullmatch(r"\d\.\d{3} \[\d\.\d{3}, \d\.\d{3}\]", cells[1]), cells
-        assert float(cells[1].split()[0]) == pytest.approx(by_mode[mode]["tests"][env]["mean"], abs=1e-3)
-        spent_cell = cells[[i for i, c in enumerate(cells) if c == f"{spent[mode]:g}"][0]]
-        assert float(spent_cell) <= budget
-
-    png = results.parent / f"coevolution-{bench._slug(env)}.png"
-    assert png.read_bytes()[:8] == PNG_MAGIC and f"]({png.name})" in text
-
-    null = text.split("## False-accept check", 1)[1]
-    m = re.search(r"\| paired \| (\d+) \| (\d+) \|", null)
-    assert m and int(m.group(1)) == 2 and int(m.group(2)) <= 2
-    assert re.search(r"\| independent \| 2 \| \d+ \|", null)
-    # Paired seeds on a null candidate: the same prompt and seed give the same sample.
-    assert all(row["differing"] == 0 for row in rep["null"]["variants"]["paired"]["rows"])
+def test_rounds_are_planned_in_model_tokens():
+    b = _base(small=False)  # RL: 4 steps x 2 tasks x G 4 = 32 rollouts; val_n 20, screen 10
+    r = budget.Rates(eval=500, rl=1000, call=2500)
+    assert budget.cost({"tokens": 30.0, "train_tokens": 12.0, "rollouts": 99.0}) == 42.0
+    # weight-only: the RL stage, 32 x 1000 tokens
+    assert budget.plan_round(b, "weight-only", r, 32_000) == budget.Plan(False, None, 32_000)
+    assert budget.plan_round(b, "weight-only", r, 31_999) is None
+    # gated: RL + a screen (2 x 10 x 500) fits; the loop's rollouts cover the RL stage and as
+    # many gate episodes as the rest pays for. demos calls no model: no call is reserved.
+    assert budget.plan_round(b, "gated", r, 50_000) == budget.Plan(False, 32 + 36, 50_000)
+    # not even a screen after the RL stage: an RL-only round
+    assert budget.plan_round(b, "gated", r, 40_000) == budget.Plan(True, None, 32_000)
+    # harness-only: 16 train rollouts + a screen, no RL; nothing cheaper to fall back on
+    assert budget.plan_round(b, "harness-only", r, 18_000) == budget.Plan(False, 16 + 20, 18_000)
+    assert budget.plan_round(b, "harness-only", r, 17_999) is None
+    llm = bench.base_config("arithmetic", False, Path("/tmp/unused"), None,
+                            ["demos", "harness", "skills", "rubrics"], "embedded")
+    assert budget.proposer_calls(llm) == 4  # harness 1, skills 2 (distil, refine), rubrics 1
+    assert budget.plan_round(llm, "ungated", r, 42_000) == budget.Plan(False, None, 42_000)
 
 
 class _FakeStore:
-    """The few store reads run_mode makes, over budget rows the fake loop below writes."""
+    """The store reads run_mode makes, over the budget rows the fake loop below writes."""
 
     def __init__(self):
         self.rows: dict[int, dict[str, float]] = {}
 
     def runs(self):
+        return []
+
+    def trajectories(self, *a, **kw):
         return []
 
     def budget_totals(self, run, round=None):
@@ -135,20 +83,23 @@ class _FakeStore:
         return type("Round", (), {"summary": {"val_score": 0.1 * r}})()
 
 
-def test_gated_spends_the_remainder_on_rl_only_rounds(monkeypatch):
-    """A gated round reserves a whole gate it rarely spends; once a full round no longer fits,
-    the rest of the budget goes to rounds without proposers (module docstring: RL-only tail)."""
+def test_every_mode_spends_its_budget(monkeypatch):
+    """Gated rounds while RL + a screen fit, then RL-only rounds while an RL stage fits; the
+    rest is less than the cheapest round. Harness-only runs while train rollouts + a screen
+    fit (its gate plans down to what is left)."""
     import coevo.loop as loop
 
-    b = _base(small=False)  # RL stage 32 rollouts; one proposer call = 8; gate worst case 40
+    b = _base(small=False)
+    rates = budget.Rates(eval=500, rl=1000, call=2500)
     store, seen = _FakeStore(), []
 
     def fake_run(cfg, store_, parts, *, resume=None, progress=None):
         r = cfg.rounds - 1
         seen.append((len(parts.proposers), cfg.budgets.rollouts))
-        gate = 10 if parts.proposers else 0  # the sequential gate stopped at the screen
-        store_.rows[r] = {"rollouts": 32.0 + gate,
-                          "proposer_calls": float(len(parts.proposers)), "eval_rollouts": 20.0}
+        rl = 32_000.0 if parts.proposers is not None and cfg.mode != "harness-only" else 0.0
+        gate = 10 * 500.0 if parts.proposers else 0.0  # the sequential gate stopped at the screen
+        train = 16 * 500.0 if cfg.mode == "harness-only" else 0.0
+        store_.rows[r] = {"tokens": rl / 2 + gate + train, "train_tokens": rl / 2}
         return type("Res", (), {"run": "R"})()
 
     monkeypatch.setattr(loop, "build_parts", lambda cfg: loop.Parts(env=None, backend=None,
@@ -156,15 +107,166 @@ def test_gated_spends_the_remainder_on_rl_only_rounds(monkeypatch):
     monkeypatch.setattr(loop, "run_coevolution", fake_run)
     monkeypatch.setattr(bench, "final_tests", lambda *a: {})
     monkeypatch.setattr(bench, "proposal_counts", lambda *a: {})
-    out = bench.run_mode(b, "gated", 0, 160, store, proposer_call_cost=8, monitor_n=4,
-                         base_val=0.2)
-    # Full rounds cost 32 + 8 + 10 = 50 each while 80 more (40 + 40) fit: 50, 100; then 60 is
-    # left, under a full round's 80 but over an RL stage's 32: one RL-only round (132); 28 left.
-    assert seen == [(1, 160 - 40 - 8), (1, 160 - 50 - 40 - 8), (0, None)]
-    assert out["rounds"] == 3 and out["tail_rounds"] == 1 and out["cost"] == 132.0
-    assert [x for x, _ in out["curve"]] == [0.0, 50.0, 100.0, 132.0]
-
+    out = bench.run_mode(b, "gated", 0, 160_000, store, rates=rates, base_val=0.2)
+    # full rounds of 37k while 42k fit: 37, 74, 111, 148 (12k left: under an RL stage's 32k)
+    assert [n for n, _ in seen] == [1, 1, 1, 1] and out["tail_rounds"] == 0
+    assert out["cost"] == 148_000 and [x for x, _ in out["curve"]] == [0, 37e3, 74e3, 111e3, 148e3]
+    assert seen[0][1] == 32 + (160_000 - 32_000) // 500
     store.rows.clear(), seen.clear()
-    out = bench.run_mode(b, "harness-only", 0, 160, store, proposer_call_cost=8, monitor_n=4,
-                         base_val=0.2)
-    assert out["tail_rounds"] == 0 and all(n == 1 for n, _ in seen)  # cannot train: no tail
+    out = bench.run_mode(b, "gated", 0, 100_000, store, rates=rates, base_val=0.2)
+    # 37k, 74k; 26k left: no RL stage (32k) fits either
+    assert out["rounds"] == 2 and out["cost"] == 74_000
+    store.rows.clear(), seen.clear()
+    out = bench.run_mode(b, "gated", 0, 110_000, store, rates=rates, base_val=0.2)
+    # 37k, 74k; 36k left: RL + screen needs 42k, an RL stage 32k fits: one RL-only round
+    assert [n for n, _ in seen] == [1, 1, 0] and out["tail_rounds"] == 1 and out["cost"] == 106_000
+    store.rows.clear(), seen.clear()
+    out = bench.run_mode(b, "harness-only", 0, 40_000, store, rates=rates, base_val=0.2)
+    # 13k a round while train rollouts + a screen (18k) fit: 13, 26; 14k left
+    assert out["rounds"] == 2 and out["tail_rounds"] == 0 and out["cost"] == 26_000
+    assert [c for _, c in seen] == [16 + (40_000 - 8_000) // 500, 16 + (27_000 - 8_000) // 500]
+
+
+# --- intervals, null check, the page ---------------------------------------------------------
+
+
+def test_intervals_carry_the_seed_variance():
+    """Two seeds that disagree (0.237 and 0.530 over 80 test tasks each): the pooled Student-t
+    interval over seed x task results, [0.28, 0.49], excluded both seeds' own scores; the
+    cluster bootstrap over seeds and tasks covers them."""
+    from coevo.evaluate import t_interval
+
+    s0 = [1.0] * 19 + [0.0] * 61  # 0.2375
+    s1 = [1.0] * 42 + [0.0] * 38  # 0.525
+    lo_t, hi_t = t_interval(s0 + s1)
+    assert lo_t > 0.2375 and hi_t < 0.525  # the old interval
+    mean, lo, hi = report.cluster_bootstrap([s0, s1])
+    assert mean == pytest.approx((0.2375 + 0.525) / 2)
+    assert lo < 0.2375 and hi > 0.525
+    same = report.cluster_bootstrap([s0, s0])  # seeds that agree: only task noise remains
+    assert same[2] - same[1] < hi - lo
+
+
+def test_null_check_draws_independent_samples_at_n_200():
+    """Every task's stored outcomes hold both successes and failures: two different draws
+    differ on some tasks, so the check can fail; at n = 200 the accept rate stays near alpha
+    (the gate's guarantee) and its 95% upper bound is informative."""
+    import random
+
+    from coevo.gate import GatePolicy
+
+    rnd = random.Random(0)
+    tasks = {f"t{i}": [[float(rnd.random() < 0.3), None] for _ in range(8)] for i in range(20)}
+    res = null.simulate({"env": "toy", "draws": 8, "tasks": tasks}, GatePolicy(n_boot=200), 200)
+    assert res["n"] == 200 and res["differing"] > 0
+    assert res["rate"] <= 0.05 and res["upper95"] < 0.07
+    assert res["upper95"] == pytest.approx(null.cp_upper(res["accepted"], 200))
+
+
+def _report(tmp_path) -> dict:
+    runs = []
+    for mode in report.MODE_ORDER:
+        for seed in (0, 1):
+            tasks = {f"t{i}": float((i + seed + len(mode)) % 3 == 0) for i in range(12)}
+            runs.append({"env": "toy:env", "config": "toy", "mode": mode, "seed": seed, "run": "x",
+                         "rounds": 2, "tail_rounds": 0, "curve": [[0, 0.1], [500, 0.2]],
+                         "spent": {"tokens": 400.0, "train_tokens": 100.0, "rollouts": 8.0},
+                         "cost": 500.0, "proposals": {"accepted": 1, "rejected": 0, "budget": 0,
+                                                      "invalid": 1},
+                         "tests": {"toy:env": {"mean": sum(tasks.values()) / 12, "n": 12,
+                                               "tasks": tasks, "details": {"answered": 0.5}}},
+                         "seconds": 1.0})
+    return {"date": "2026-12-03 00:00 UTC", "command": "python bench/coevolution.py", "small": False,
+            "seeds": 2, "budget": 500, "unit": "model tokens", "proposers": ["demos"],
+            "proposer_model": "embedded", "machine": "m", "seconds": 60.0, "estimate_s": 60.0,
+            "configs": {"toy:env": {"env": "toy:env"}}, "base_val": {"toy:env": 0.1},
+            "runs": runs, "null": None, "data": "bench/data/coevolution.json"}
+
+
+def test_report_only_rebuilds_the_page_from_the_data_json(tmp_path):
+    rep = _report(tmp_path)
+    data, page = tmp_path / "data" / "coevolution.json", tmp_path / "docs" / "RESULTS.md"
+    report.write_data(rep, data)
+    first = report.write_results(rep, page).read_text()
+    page.unlink()
+    bench.main(["--report-only", "--data", str(data), "--results", str(page)])
+    assert page.read_text() == first  # the page is a function of the data file
+    rows = _table_rows(first, "toy:env")
+    gated = [r for r in rep["runs"] if r["mode"] == "gated"]
+    mean, lo, hi = report.cluster_bootstrap(report.per_seed(gated, "toy:env"))
+    assert rows["gated"][1] == f"{mean:.3f} [{lo:.3f}, {hi:.3f}]"
+    assert "hierarchical (cluster) bootstrap over seeds and tasks" in first
+    with pytest.raises(bench.CoevoError, match="no data file"):
+        bench.main(["--report-only", "--data", str(tmp_path / "none.json"), "--results", str(page)])
+
+
+def test_null_candidate_is_admissible_and_invisible_to_the_model():
+    from coevo.assets.io import load_seed_dir
+    from coevo.propose.base import Incumbent, check_candidate
+    from coevo.store import Store
+
+    store = Store.open("sqlite://")
+    for a in load_seed_dir(REPO):
+        store.put_asset(a)
+    h = store.get_asset("harness", "reasoning")
+    cand = bench.null_candidate(h, 3)
+    assert cand.asset.hash != h.hash and check_candidate(cand, Incumbent(harness=h)) is None
+    assert cand.asset.render_system() == h.render_system()
+    assert cand.asset.demo_messages() == h.demo_messages()
+    assert bench.null_candidate(h, 4).hash != cand.hash  # N comparisons, N distinct versions
+
+
+def _table_rows(text: str, section: str) -> dict[str, list[str]]:
+    body = text.split(f"## {section}", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in body.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and cells[0] in bench.MODE_ORDER and not cells[1].isdigit():
+            rows[cells[0]] = cells
+    return rows
+
+
+@pytest.mark.slow  # a long run: ~10 min on the loaded shared 2-core box (HF generation loop)
+def test_small_run_writes_the_table_plot_data_and_null_check(tmp_path):
+    import tiny_glue
+
+    model = tiny_glue.save_tiny_model(tmp_path / "tiny")
+    out, results = tmp_path / "out", tmp_path / "docs" / "RESULTS.md"
+    rep = bench.main(["--small", "--model", f"hf:{model}", "--proposers", "demos",
+                      "--out", str(out), "--results", str(results)])
+    limit = rep["budget"]
+    assert [r["mode"] for r in rep["runs"]] == list(bench.MODE_ORDER)
+
+    # Spend, recomputed from the store's own budget rows, in one unit for every mode; every
+    # mode stopped only when its next round no longer fit (the rest is under a round's cost).
+    from coevo.store import Store
+
+    store = Store.open(f"sqlite:///{out / 'bench.db'}")
+    for r in rep["runs"]:
+        spent = store.budget_totals(r["run"])
+        assert budget.cost(spent) == r["cost"] > 0 and "proposer_calls" not in spent  # demos
+        assert r["rounds"] >= 1 and r["tests"][r["env"]]["n"] == 4
+        assert r["cost"] <= limit * 1.1, (r["mode"], r["cost"])  # estimates, not exact costs
+    by_mode = {r["mode"]: r for r in rep["runs"]}
+    assert not store.trajectories(by_mode["harness-only"]["run"], split="train", limit=1)[0].checkpoint
+    # every run of the seed starts from the same seed versions (pinned from the seed files)
+    seeds = {tuple(sorted(store.get_run(r["run"]).config["seed"].items())) for r in rep["runs"]}
+    assert len(seeds) == 1
+
+    text = results.read_text()
+    env = rep["runs"][0]["env"]
+    rows = _table_rows(text, env)
+    assert set(rows) == set(bench.MODE_ORDER)
+    for mode, cells in rows.items():
+        assert re.fullmatch(r"\d\.\d{3} \[\d\.\d{3}, \d\.\d{3}\]", cells[1]), cells
+        assert float(cells[1].split()[0]) == pytest.approx(by_mode[mode]["tests"][env]["mean"], abs=1e-3)
+    png = results.parent / f"coevolution-{bench._slug(env)}.png"
+    assert png.read_bytes()[:8] == PNG_MAGIC and f"]({png.name})" in text
+
+    n = rep["null"]
+    assert n["n"] == 200 and n["draws"] == 4 and "Simulated from stored real per-task outcomes" in text
+    assert re.search(r"\| 200 \| \d+ \| \d\.\d{3} \| \d\.\d{3} \|", text)
+    # the page rebuilds from the data file the run wrote
+    again = tmp_path / "again.md"
+    bench.main(["--report-only", "--data", str(out / "coevolution.json"), "--results", str(again)])
+    assert again.read_text() == text

@@ -1,0 +1,229 @@
+"""docs/RESULTS.md of bench/coevolution.py, its plots, its intervals and the data it is built from.
+
+The page is regenerable: `write_data` keeps the report (per-task test outcomes of every run,
+curves, spend, proposal counts, the null check, configs) as a small JSON in bench/data/, and
+`python bench/coevolution.py --report-only` rebuilds the page from it (`load_data`).
+
+Intervals. A run's test score is one seed's; the seeds are the replication unit, tasks are
+nested in them. 95% intervals are a hierarchical (cluster) percentile bootstrap: resample the
+seeds with replacement, then the tasks within each drawn seed, and average per-seed means
+(`cluster_bootstrap`). With two seeds the seed level has two clusters, and the interval says
+how little two seeds can tell: it spans the seeds' spread plus their task noise (a Student-t
+interval over pooled seed x task results treated every task as independent and was far too
+narrow when the seeds disagreed).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+MODE_ORDER = ("weight-only", "harness-only", "ungated", "gated")
+REPO = Path(__file__).resolve().parent.parent
+
+
+def cluster_bootstrap(groups: Sequence[Sequence[float]], n_boot: int = 4000, seed: int = 0,
+                      level: float = 0.95) -> tuple[float | None, float | None, float | None]:
+    """(mean of the group means, lower, upper): percentile bootstrap resampling groups, then
+    items within each drawn group.
+
+    >>> cluster_bootstrap([[1.0, 1.0], [0.0, 0.0]])[0]
+    0.5
+    >>> cluster_bootstrap([[0.5, 0.5]])
+    (0.5, 0.5, 0.5)
+    """
+    gs = [np.asarray(g, dtype=float) for g in groups if len(g)]
+    if not gs:
+        return None, None, None
+    mean = float(np.mean([g.mean() for g in gs]))
+    rng = np.random.default_rng(seed)
+    pick = rng.integers(0, len(gs), size=(n_boot, len(gs)))  # (B, seeds)
+    stats = np.empty(n_boot)
+    for b in range(n_boot):
+        stats[b] = np.mean([gs[i][rng.integers(0, len(gs[i]), len(gs[i]))].mean() for i in pick[b]])
+    lo, hi = np.quantile(stats, [(1 - level) / 2, (1 + level) / 2])
+    return mean, float(lo), float(hi)
+
+
+def per_seed(runs: list[dict[str, Any]], spec: str) -> list[list[float]]:
+    """Each run's (seed's) per-task test outcomes on `spec`."""
+    return [list(r["tests"].get(spec, {}).get("tasks", {}).values()) for r in runs]
+
+
+def paired_groups(a: list[dict], b: list[dict], spec: str) -> list[list[float]]:
+    """Per seed, the differences a - b on the test tasks both scored."""
+    by_seed = {r["seed"]: r["tests"].get(spec, {}).get("tasks", {}) for r in b}
+    out = []
+    for r in a:
+        other = by_seed.get(r["seed"], {})
+        mine = r["tests"].get(spec, {}).get("tasks", {})
+        out.append([v - other[t] for t, v in mine.items() if t in other])
+    return out
+
+
+def _f(x: float | None, d: int = 3) -> str:
+    return "-" if x is None else f"{x:.{d}f}"
+
+
+def _slug(env: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in env.split("?")[0]).strip("-")
+
+
+def plot_curves(env: str, runs: list[dict[str, Any]], path: Path) -> Path:
+    """Val score vs cumulative model tokens, one colour per mode, one line per seed."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    colors = dict(zip(MODE_ORDER, ("#1f77b4", "#ff7f0e", "#9467bd", "#2ca02c")))
+    for r in runs:
+        pts = [(x, y) for x, y in r["curve"] if y is not None]
+        if pts:
+            ax.plot([x / 1000 for x, _ in pts], [y for _, y in pts], marker="o",
+                    color=colors[r["mode"]], alpha=0.85, ls=("-", "--", ":", "-.")[r["seed"] % 4],
+                    label=f"{r['mode']} (seed {r['seed']})")
+    ax.set_xlabel("cumulative model tokens spent (thousands: prefilled + generated + trained)")
+    ax.set_ylabel("val score (incumbent)")
+    ax.set_title(env, fontsize="small")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="x-small", ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, format="png", dpi=110, metadata={"Software": None})
+    plt.close(fig)
+    return path
+
+
+def write_data(rep: dict[str, Any], path: Path) -> Path:
+    """The report as a small JSON (what --report-only rebuilds the page from)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(rep, indent=1, sort_keys=True, default=str) + "\n")
+    return path
+
+
+def load_data(path: Path) -> dict[str, Any]:
+    from coevo.errors import CoevoError
+
+    if not Path(path).is_file():
+        raise CoevoError(f"--report-only: no data file {path} (a full run writes it)")
+    return json.loads(Path(path).read_text())
+
+
+def _mode_row(env: str, mode: str, mr: list[dict], specs: list[str], detail_keys: list[str]) -> str:
+    cells = [mode]
+    for s in specs:
+        m, lo, hi = cluster_bootstrap(per_seed(mr, s))
+        cells.append(f"{_f(m)} [{_f(lo)}, {_f(hi)}]")
+    cells.append(", ".join(_f(r["tests"].get(env, {}).get("mean")) for r in mr))
+    for k in detail_keys:
+        v = [r["tests"][env]["details"][k] for r in mr if k in r["tests"].get(env, {}).get("details", {})]
+        cells.append(_f(sum(v) / len(v)) if v else "-")
+    p = [r["proposals"] for r in mr]
+    cells += [", ".join(f"{r['cost'] / 1000:.1f}k" for r in mr),
+              ", ".join(str(r["rounds"]) + (f" ({r['tail_rounds']} RL-only)" if r.get("tail_rounds") else "")
+                        for r in mr),
+              f"{sum(x.get('accepted', 0) for x in p)} / {sum(x.get('rejected', 0) for x in p)} "
+              f"({sum(x.get('budget', 0) for x in p)}) / {sum(x.get('invalid', 0) for x in p)}"]
+    return "| " + " | ".join(cells) + " |"
+
+
+def _spend_rows(runs: list[dict]) -> list[str]:
+    lines = ["| mode | seed | tokens | train tokens | rollouts | proposer calls | seconds | val-curve rollouts (uncharged) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for mode in MODE_ORDER:
+        for r in sorted((r for r in runs if r["mode"] == mode), key=lambda r: r["seed"]):
+            s = r["spent"]
+            lines.append(f"| {mode} | {r['seed']} | {s.get('tokens', 0):.0f} | {s.get('train_tokens', 0):.0f} | "
+                         f"{s.get('rollouts', 0):.0f} | {s.get('proposer_calls', 0):.0f} | "
+                         f"{s.get('seconds', 0):.0f} | {s.get('eval_rollouts', 0):.0f} |")
+    return lines
+
+
+def write_results(rep: dict[str, Any], path: Path) -> Path:
+    """Write docs/RESULTS.md (and one PNG per env next to it) from the bench's report dict."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = [
+        "# Co-evolution benchmark: weight-only vs harness-only vs ungated vs gated",
+        "", f"Generated by `bench/coevolution.py` on {rep['date']} from `{rep.get('data', 'bench/data/coevolution.json')}` "
+        f"(rebuild with `--report-only`); do not edit by hand. Command: `{rep['command']}`"
+        + (" (**--small smoke run: the numbers mean nothing**)" if rep["small"] else ""),
+        "", f"- Machine: {rep['machine']}",
+        f"- Wall time: {rep['seconds'] / 60:.1f} min",
+        f"- Seeds: {rep['seeds']} per env; every mode of a seed starts from the same seed asset "
+        "versions, pinned by hash from the seed files when the run is created, and a freshly "
+        "loaded base model",
+        f"- Budget: {rep['budget']} model tokens per (env, seed, mode), one unit for every mode: "
+        "prefilled + generated tokens of every episode (RL, harness-only train rollouts, gate "
+        "arms) and of every LLM proposer call, plus the tokens RL updates trained on (a "
+        "proposer that calls no model, such as demos, costs nothing). A mode runs rounds while "
+        "its next round fits (the gate plans only the val tasks the rest can pay for); then "
+        "gated and ungated spend the rest on RL-only rounds while an RL stage fits. The val "
+        "curve's evaluations are not charged. `spent` is what each run used.",
+        f"- Proposers: {', '.join(rep['proposers'])} (LLM proposers on `{rep['proposer_model']}`)",
+        "- Test: the final incumbent (assets + checkpoint) once on the test split. **95% intervals: "
+        "hierarchical (cluster) bootstrap over seeds and tasks** (resample seeds, then tasks "
+        "within each seed; mean of per-seed means). Partial credit: the environment verifier's "
+        "`Score.details` re-derived from the stored test answers. BFCL's test mean is BFCL "
+        "accuracy: the answer decoded as BFCL's own decoder does; `lenient_correct` is the "
+        "same checker on the harness's more lenient parse.", ""]
+    if rep.get("missing"):
+        lines += ["**Not run** (out of time; the table holds only the runs that finished, "
+                  "nothing was dropped): " + "; ".join(rep["missing"]) + ".", ""]
+    for env in rep["configs"]:
+        runs = [r for r in rep["runs"] if r["env"] == env]
+        specs = list(dict.fromkeys(s for r in runs for s in r["tests"]))
+        detail_keys = sorted({k for r in runs for k in r["tests"].get(env, {}).get("details", {})})
+        lines += [f"## {env}", "", f"Base model val score: {_f(rep['base_val'].get(env))}", ""]
+        head = ["mode", *(f"test {s.split('?')[0]} mean [95% CI]" for s in specs), "per seed",
+                *detail_keys, "spent per seed (tokens)", "rounds", "accepted / rejected (budget) / invalid"]
+        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for mode in MODE_ORDER:
+            mr = sorted((r for r in runs if r["mode"] == mode), key=lambda r: r["seed"])
+            if mr:
+                lines.append(_mode_row(env, mode, mr, specs, detail_keys))
+        png = plot_curves(env, runs, path.parent / f"coevolution-{_slug(env)}.png")
+        lines += ["", f"![val score vs tokens]({png.name})", "",
+                  "Val curve: the loop's round summaries (whole val split, uncharged); the first "
+                  "point of each line is the seed incumbent at 0 tokens.", "", "Spend:", "",
+                  *_spend_rows(runs), ""]
+        g, w = [r for r in runs if r["mode"] == "gated"], [r for r in runs if r["mode"] == "weight-only"]
+        if g and w:
+            groups = paired_groups(g, w, env)
+            d, lo, hi = cluster_bootstrap(groups)
+            verdict = ("gated beats weight-only" if lo is not None and lo > 0 else
+                       "weight-only beats gated" if hi is not None and hi < 0 else
+                       "no difference resolved between gated and weight-only")
+            lines += [f"**Gated - weight-only** on the test split: {_f(d)} (95% CI [{_f(lo)}, "
+                      f"{_f(hi)}], cluster bootstrap over {len(groups)} seed(s) x "
+                      f"{sum(map(len, groups))} paired task results): {verdict} at this budget.", ""]
+    lines += _null_section(rep.get("null"))
+    # Paths relative to the repository, so the page reads the same on any checkout.
+    configs = json.dumps(rep["configs"], indent=1).replace(f"{REPO}/", "").replace(f'"{REPO}"', '"."')
+    lines += ["## Configs", "", "```json", configs, "```", ""]
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path
+
+
+def _null_section(null: dict[str, Any] | None) -> list[str]:
+    lines = ["## False-accept check (null candidates)", ""]
+    if not null:
+        return lines + ["Not run (--null-n 0).", ""]
+    pol = null["policy"]
+    return lines + [
+        f"Env {null['env']}, gate policy `{pol['name']}` (alpha {pol['alpha']}). **Simulated "
+        f"from stored real per-task outcomes**: the base model under the seed incumbent was "
+        f"rolled out {null['draws']} times on each of the {null['tasks']} val tasks (real "
+        "episodes, distinct seeds); each null candidate was then gated by the real sequential "
+        "gate, its two arms drawing every task's outcome as two different stored draws (same "
+        "distribution, different samples). A check with both arms on the same seeds is not "
+        "reported: identical prompts and seeds give identical samples, so it cannot fail.", "",
+        "| null candidates | accepted | accept rate | 95% upper bound | mean rollouts | pairs that differed |",
+        "|---|---|---|---|---|---|",
+        f"| {null['n']} | {null['accepted']} | {_f(null['rate'])} | {_f(null['upper95'])} | "
+        f"{null['mean_rollouts']:.1f} | {null['differing']}/{null['pairs']} |", ""]
