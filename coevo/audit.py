@@ -422,15 +422,21 @@ def proposal_view(store: Store, id: str, show_prompt: bool = False) -> Group:
 def _decision_parts(d: DecisionRecord) -> list[RenderableType]:
     verdict = Text.assemble(("accepted" if d.accepted else "rejected",
                              "bold green" if d.accepted else "bold red"),
-                            f"  policy {d.policy}  rollouts {d.rollouts}  decision {short(d.id)}")
+                            f"  policy {d.policy}  metric {d.metric or '-'}  rollouts {d.rollouts}"
+                            f"  decision {short(d.id)}")
+    partial = any(e.incumbent_partial is not None or e.candidate_partial is not None
+                  for e in d.evidence)
     ev = Table(title=f"evidence ({len(d.evidence)} pairs)")
-    for col in ("task", "sample", "incumbent", "candidate", "diff", "status"):
+    cols = ["task", "sample", "incumbent", "candidate", "diff"]
+    cols += ["incumbent partial", "candidate partial"] if partial else []
+    for col in [*cols, "status"]:
         ev.add_column(col, justify="left" if col in ("task", "status") else "right")
     for e in d.evidence:
         delta = (e.candidate - e.incumbent if e.candidate is not None and e.incumbent is not None
                  else None)
+        extra = [fmt(e.incumbent_partial), fmt(e.candidate_partial)] if partial else []
         ev.add_row(e.task_id, str(e.sample), fmt(e.incumbent), fmt(e.candidate),
-                   f"{delta:+.3f}" if delta is not None else "-",
+                   f"{delta:+.3f}" if delta is not None else "-", *extra,
                    Text(e.status, style="" if e.status == "ok" else "magenta"))
     st = Table(title="statistics")
     st.add_column("statistic")
@@ -438,7 +444,16 @@ def _decision_parts(d: DecisionRecord) -> list[RenderableType]:
     for k in sorted(d.statistic):
         v = d.statistic[k]
         st.add_row(k, fmt(_num(v), 4) if _num(v) is not None else str(v))
-    return [verdict, ev, st, Panel(Text(d.reason), title="reason")]
+    parts: list[RenderableType] = [verdict, ev, st]
+    if d.stages:  # the sequential comparison; the last stage is the stop the reason cites
+        sg = Table(title="stages")
+        for col in ("stage", "tasks", "wins", "losses", "ties", "p", "action", "rule"):
+            sg.add_column(col, justify="left" if col in ("stage", "action", "rule") else "right")
+        for x in d.stages:
+            sg.add_row(x["name"], f"{x['tasks_total']}", str(x["wins"]), str(x["losses"]),
+                       str(x["ties"]), fmt(x["p_value"], 4), x["action"], x["rule"])
+        parts.append(sg)
+    return [*parts, Panel(Text(d.reason), title="reason")]
 
 
 def lineage_tree(store: Store, version_ref: str, kind: str | None = None) -> Tree:

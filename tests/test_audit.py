@@ -264,3 +264,29 @@ def test_unknown_refs_are_clear_errors(store, world):
         run_view(store, "nope")
     with pytest.raises(NotFound, match="no harness version"):
         lineage_tree(store, "nope", kind="harness")
+
+
+def test_proposal_view_shows_the_soft_gates_metric_and_stages(store, world):
+    """A soft-gate decision is auditable: the metric it decided on, each arm's partial credit
+    per task, and the sequential stages with the stop the reason cites."""
+    from coevo.gate import StageRecord
+
+    h = world.h[0].child(system_prompt="Soft branch.")
+    store.put_asset(h)
+    pid = store.add_proposal(proposer="harness", kind="harness", parent=world.h[0].hash,
+                             candidate=h, run="exp1", round=1)
+    stages = [StageRecord(name="screen", tasks=2, tasks_total=2, rollouts=4, wins=2, losses=0,
+                          ties=0, p_value=0.25, action="continue", rule="predictive P=0.700"),
+              StageRecord(name="chunk 1", tasks=2, tasks_total=4, rollouts=4, wins=4, losses=0,
+                          ties=0, p_value=0.0625, action="reject", rule="futility: P=0.010 < 0.1")]
+    store.add_decision(pid, policy="soft", accepted=False, reason="rejected: ...; stopped at "
+                       "chunk 1 after 4/4 tasks: futility: P=0.010 < 0.1", rollouts=8,
+                       metric="partial", stages=stages, evidence=[
+                           {"task_id": "simple_9", "incumbent": 0.0, "candidate": 0.0,
+                            "incumbent_partial": 0.25, "candidate_partial": 0.75}])
+    text = render_text(proposal_view(store, pid), width=200)
+    assert "policy soft  metric partial" in text
+    row = next(ln for ln in text.splitlines() if "simple_9" in ln)
+    assert "0.250" in row and "0.750" in row
+    stop = next(ln for ln in text.splitlines() if "chunk 1" in ln and "futility" in ln)
+    assert "reject" in stop and "0.0625" in stop

@@ -544,3 +544,19 @@ def test_spend_is_charged_in_tokens_and_demos_costs_no_call(tmp_path):
     rl = [t for t in charged if t.split == "train"]
     assert spent["train_tokens"] == sum(len(t.token_ids) for t in rl if t.trainable) > 0
     assert spent["rollouts"] == len(charged)
+
+
+def test_the_gate_plans_only_what_the_round_budget_can_pay_for(tmp_path):
+    """A round budget of 24 rollouts: the 8 train rollouts leave 16, so the first comparison
+    plans 8 of the 12 val tasks (both arms, worst case) instead of overshooting by a whole
+    comparison; the second candidate finds the budget used up and is not gated."""
+    cfg = config(tmp_path, "harness-only", gate={"screen_size": 4, "chunk_size": 4, "n_boot": 200},
+                 budgets={"rollouts": 24})
+    store, parts = build(tmp_path, cfg, f"sqlite:///{tmp_path / 'cap.db'}")
+    res = run_coevolution(cfg, store, parts)
+    props = _by_rationale(store, res.run)
+    [d] = store.decisions(props[HELPS["rationale"]].id)
+    assert d.accepted and len(d.evidence) == 8 and d.stages[-1]["tasks_total"] <= 8
+    [other] = store.decisions(props[NO_EFFECT["rationale"]].id)
+    assert other.policy == "budget" and "rollouts 24 >= 24" in other.reason
+    assert store.budget_totals(res.run, round=0)["rollouts"] == 24
