@@ -5,7 +5,9 @@ modes of coevo.loop.MODES runs from the same seed assets (pinned by hash from th
 when each run is created) and a freshly loaded base model (`build_parts`; the embedded loader
 reads its dequantized cache, ~1 s) until an equal total budget of model tokens is spent, then
 its final incumbent (assets + checkpoint) is evaluated once on the test split (and on the extra
-test environments, e.g. bfcl:multiple for bfcl:simple_python).
+test environments, e.g. bfcl:multiple for bfcl:simple_python). The budget is given in units of
+one seed-incumbent val episode's tokens (`--budget`, default 320) and fixed in tokens per env
+before any mode runs, or in tokens directly (`--budget-tokens`).
 
 Budget matching: bench/coevolution_budget.py (one unit for every mode: prefilled + generated +
 trained tokens, as the loop charges them; the rounds a mode can afford are planned from the
@@ -26,7 +28,7 @@ False-accept check: bench/coevolution_null.py (N >= 200 null candidates, simulat
 real per-task outcomes). The page and its intervals: bench/coevolution_report.py; the data it is
 built from is kept in bench/data/ and `--report-only` rebuilds the page from it.
 
-    python bench/coevolution.py [--small] [--seeds 2] [--envs bfcl,arithmetic] [--budget TOKENS]
+    python bench/coevolution.py [--small] [--seeds 2] [--envs bfcl,arithmetic] [--budget UNITS]
         [--out DIR] [--proposers demos,...] [--results docs/RESULTS.md] [--data JSON]
     python bench/coevolution.py --report-only [--data bench/data/coevolution.json]
 """
@@ -62,12 +64,12 @@ from coevo.errors import CoevoError  # noqa: E402
 BENCH_CONFIGS = REPO / "training" / "bench"
 DATA = REPO / "bench" / "data" / "coevolution.json"
 EXTRA_TEST = {"bfcl:simple_python": ["bfcl:multiple"]}  # final test also on these envs
-# Rough wall seconds per thousand model tokens on 2 cores, the val curve, tests and proposer
-# latency included: the previous full run (95 min) over its ~2.6 M tokens. For the estimate only.
-SEC_PER_KTOK = 2.2
+# Rough wall seconds per budget unit (one seed-incumbent val episode's tokens) on 2 cores, the
+# val curve, tests and proposer latency included. For the up-front estimate only.
+SEC_PER_UNIT = {"bfcl": 2.5, "rg": 2.0}
 CALL_GUESS = 2500  # tokens of an LLM proposer call before one is measured (prompt + 320 out)
 SMALL = {  # --small: the pipeline end to end, not the numbers
-    "rl": {"stage": {"steps": 1, "tasks_per_step": 2, "samples": 2, "checkpoint_every": 1}},
+    "rl": {"stage": {"steps": 2, "tasks_per_step": 2, "samples": 2, "checkpoint_every": 2}},
     "splits": {"train_n": 2, "train_samples": 2, "val_n": 4, "test_n": 4},
     "gate": {"screen_size": 4, "chunk_size": 4, "n_boot": 200},
 }
@@ -110,14 +112,6 @@ def base_config(name: str, small: bool, out: Path, model: str | None,
     data["rl"]["stage"]["checkpoint_dir"] = str(out / "checkpoints" / path.stem)
     data.update(final_test=False, budgets={}, name=path.stem)
     return RunConfig.from_mapping(data, str(path))
-
-
-# The proposers of the table: every built-in one except the test stand-in `scripted` and
-# `gepa`, whose reflective search runs max_metric_calls (16) episodes of its own plus several
-# reflection calls per round: at this budget one gepa round would cost more than a whole run.
-# The proposer model's 320 new tokens fit the JSON answers the embedded model writes.
-DEFAULT_PROPOSERS = "demos,harness,skills,rubrics"
-DEFAULT_PROPOSER_MODEL = "{backend: embedded, max_tokens: 320}"
 
 
 # The proposers of the table: every built-in one except the test stand-in `scripted` and
@@ -256,9 +250,10 @@ def proposal_counts(store: Any, run_id: str) -> dict[str, int]:
 # --- driver ------------------------------------------------------------------------------------
 
 
-def estimate(bases: list[RunConfig], seeds: int, budget: float) -> float:
-    """Seconds the whole bench should take on a quiet 2-core machine (rough: SEC_PER_KTOK)."""
-    return len(bases) * seeds * len(MODE_ORDER) * budget / 1000 * SEC_PER_KTOK
+def estimate(bases: list[RunConfig], seeds: int, units: float) -> float:
+    """Seconds the whole bench should take on a quiet 2-core machine (rough: SEC_PER_UNIT)."""
+    return sum(seeds * len(MODE_ORDER) * units * SEC_PER_UNIT.get(b.env.split(":")[0], 2.0)
+               for b in bases)
 
 
 _SET_BY_BENCH = {"name", "mode", "seed", "rounds", "budgets", "final_test"}
@@ -270,8 +265,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--seeds", type=int, default=None, help="seeds per env (default 2; small 1)")
     ap.add_argument("--envs", default=None, help="training/bench config names or .yaml paths "
                     "(default bfcl,arithmetic; small arithmetic)")
-    ap.add_argument("--budget", type=float, default=None, help="model tokens per (env, seed) "
-                    "and mode (default 160000; small 16000)")
+    ap.add_argument("--budget", type=float, default=None, help="per (env, seed) and mode, in "
+                    "seed-incumbent val episodes' worth of model tokens, fixed per env before any "
+                    "mode runs (default 320; small 100)")
+    ap.add_argument("--budget-tokens", type=float, default=None,
+                    help="the budget in model tokens instead, the same for every env")
     ap.add_argument("--proposers", default=DEFAULT_PROPOSERS, help="comma list (default: %(default)s)")
     ap.add_argument("--proposer-model", default=DEFAULT_PROPOSER_MODEL,
                     help="backend spec or ProposerModel mapping in YAML (default: %(default)s)")
@@ -297,7 +295,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         _say(f"rebuilt {path} from {data}")
         return report
     seeds = a.seeds or (1 if a.small else 2)
-    budget = a.budget or (16_000 if a.small else 160_000)
+    units = a.budget or (100 if a.small else 320)
     draws = a.null_draws or (4 if a.small else 8)
     envs = (a.envs or ("arithmetic" if a.small else "bfcl,arithmetic")).split(",")
     proposers = a.proposers.split(",")
@@ -309,10 +307,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     store = Store.open(f"sqlite:///{out / 'bench.db'}")
     bases = [base_config(e, a.small, out, a.model, proposers, a.proposer_model) for e in envs]
-    est = estimate(bases, seeds, budget)
+    est = estimate(bases, seeds, units)
     _say(f"[bold]coevolution bench[/bold]: envs {', '.join(b.env for b in bases)}; {seeds} seed(s); "
-         f"budget {budget:g} model tokens per mode; proposers {', '.join(proposers)}; out {out}; "
-         f"estimate ~{est / 60:.0f} min")
+         f"budget {a.budget_tokens or units:g} {'tokens' if a.budget_tokens else 'val-episode units'}"
+         f" per mode; proposers {', '.join(proposers)}; out {out}; estimate ~{est / 60:.0f} min")
     t0 = time.perf_counter()
     order = a.modes.split(",")
     unknown = sorted(set(order) - set(MODE_ORDER))
@@ -327,10 +325,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for line in ledger.read_text().splitlines():
             r = json.loads(line)
             done[(r["env"], r["seed"], r["mode"])] = r
-    runs, base_vals, rates = [], {}, {}
+    runs, base_vals, rates, budgets = [], {}, {}, {}
     for b in bases:
         base_vals[b.env], rates[b.env] = calibration(b, store)
-        _say(f"{b.env}: seed incumbent val score {_f(base_vals[b.env])}; first estimates {rates[b.env]}")
+        # The budget is fixed per env here, before any mode runs: every mode gets the same.
+        budgets[b.env] = a.budget_tokens or round(units * rates[b.env].eval)
+        _say(f"{b.env}: seed incumbent val score {_f(base_vals[b.env])}; first estimates "
+             f"{rates[b.env]}; budget {budgets[b.env]:g} model tokens per mode")
         for seed in range(seeds):
             for mode in order:
                 if (b.env, seed, mode) in done:
@@ -338,7 +339,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     _say(f"[bold]{b.name}[/bold] seed {seed} mode {mode}: done before, reused")
                     continue
                 _say(f"[bold]{b.name}[/bold] seed {seed} mode {mode}")
-                runs.append(run_mode(b, mode, seed, budget, store, rates=rates[b.env],
+                runs.append(run_mode(b, mode, seed, budgets[b.env], store, rates=rates[b.env],
                                      base_val=base_vals[b.env]))
                 with ledger.open("a") as f:
                     f.write(json.dumps(runs[-1], default=str) + "\n")
@@ -353,7 +354,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         _say(f"null check: {null['accepted']}/{null['n']} accepted (95% upper bound {_f(null['upper95'])})")
     report = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
               "command": "python bench/coevolution.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "small": a.small, "seeds": seeds, "budget": budget, "unit": "model tokens",
+              "small": a.small, "seeds": seeds, "budget": budgets,
+              "budget_units": None if a.budget_tokens else units,
               "proposers": proposers, "proposer_model": a.proposer_model,
               "machine": machine(), "seconds": time.perf_counter() - t0, "estimate_s": est,
               "configs": {b.env: b.model_dump(mode="json", exclude=_SET_BY_BENCH) for b in bases},

@@ -158,7 +158,10 @@ def write_results(rep: dict[str, Any], path: Path) -> Path:
         f"- Seeds: {rep['seeds']} per env; every mode of a seed starts from the same seed asset "
         "versions, pinned by hash from the seed files when the run is created, and a freshly "
         "loaded base model",
-        f"- Budget: {rep['budget']} model tokens per (env, seed, mode), one unit for every mode: "
+        f"- Budget per (env, seed, mode): " + ", ".join(f"{v:g} model tokens on {k.split('?')[0]}"
+                                                       for k, v in rep["budget"].items())
+        + (f" ({rep['budget_units']:g} seed-incumbent val episodes' worth, fixed per env before "
+           "any mode ran)" if rep.get("budget_units") else "") + ". One unit for every mode: "
         "prefilled + generated tokens of every episode (RL, harness-only train rollouts, gate "
         "arms) and of every LLM proposer call, plus the tokens RL updates trained on (a "
         "proposer that calls no model, such as demos, costs nothing). A mode runs rounds while "

@@ -177,7 +177,7 @@ def _report(tmp_path) -> dict:
                                                "tasks": tasks, "details": {"answered": 0.5}}},
                          "seconds": 1.0})
     return {"date": "2026-12-03 00:00 UTC", "command": "python bench/coevolution.py", "small": False,
-            "seeds": 2, "budget": 500, "unit": "model tokens", "proposers": ["demos"],
+            "seeds": 2, "budget": {"toy:env": 500}, "budget_units": 10, "proposers": ["demos"],
             "proposer_model": "embedded", "machine": "m", "seconds": 60.0, "estimate_s": 60.0,
             "configs": {"toy:env": {"env": "toy:env"}}, "base_val": {"toy:env": 0.1},
             "runs": runs, "null": None, "data": "bench/data/coevolution.json"}
@@ -196,6 +196,7 @@ def test_report_only_rebuilds_the_page_from_the_data_json(tmp_path):
     mean, lo, hi = report.cluster_bootstrap(report.per_seed(gated, "toy:env"))
     assert rows["gated"][1] == f"{mean:.3f} [{lo:.3f}, {hi:.3f}]"
     assert "hierarchical (cluster) bootstrap over seeds and tasks" in first
+    assert "500 model tokens on toy:env (10 seed-incumbent val episodes' worth" in first
     with pytest.raises(bench.CoevoError, match="no data file"):
         bench.main(["--report-only", "--data", str(tmp_path / "none.json"), "--results", str(page)])
 
@@ -234,7 +235,7 @@ def test_small_run_writes_the_table_plot_data_and_null_check(tmp_path):
     out, results = tmp_path / "out", tmp_path / "docs" / "RESULTS.md"
     rep = bench.main(["--small", "--model", f"hf:{model}", "--proposers", "demos",
                       "--out", str(out), "--results", str(results)])
-    limit = rep["budget"]
+    [limit] = rep["budget"].values()  # 100 seed-incumbent val episodes' worth of tokens
     assert [r["mode"] for r in rep["runs"]] == list(bench.MODE_ORDER)
 
     # Spend, recomputed from the store's own budget rows, in one unit for every mode; every
