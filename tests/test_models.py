@@ -128,19 +128,54 @@ def test_hf_backend_satisfies_protocol_and_shapes(backend):
     assert backend.tokenizer.decode(out[0][0].prompt_ids).endswith("<|im_start|>assistant\n")
 
 
-def test_logprobs_equal_full_forward_raw_distribution(backend):
-    # Sampling is tempered and top-k filtered, but the reported logprob is the raw one.
+def sampled_reference(logits: torch.Tensor, ids: list[int], temperature: float, top_k: int,
+                      top_p: float) -> torch.Tensor:
+    """An independent, position-by-position statement of the distribution a token is drawn
+    from (temperature, then top-k, then the nucleus) and the token's log-probability under it."""
+    out = []
+    for row, tok in zip(logits, ids):
+        x = row / (temperature if temperature > 0 else 1.0)
+        order = sorted(range(len(x)), key=lambda i: -float(x[i]))
+        keep = order[:top_k] if top_k else order
+        if top_p < 1.0:
+            probs = torch.softmax(x[keep], -1).tolist()
+            mass, nucleus = 0.0, []
+            for i, p in zip(keep, probs):
+                if mass >= top_p:
+                    break
+                nucleus.append(i)
+                mass += p
+            keep = nucleus
+        assert tok in keep, "a sampled token outside the support"
+        out.append(float(x[tok] - torch.logsumexp(x[keep], -1)))
+    return torch.tensor(out)
+
+
+def full_forward_logits(b, prompt: list[int], ids: list[int]) -> torch.Tensor:
+    seq = torch.tensor([prompt + ids])
+    with torch.no_grad():
+        logits = b.model(input_ids=seq).logits[0].float()
+    n = len(prompt)
+    return logits[n - 1 : n - 1 + len(ids)]
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(0.7, 20, 0.9), (1.3, 0, 1.0),
+                                                     (0.5, 0, 0.8), (1.0, 5, 1.0)])
+def test_logprobs_are_those_of_the_sampled_distribution(backend, temperature, top_k, top_p):
+    # The stored behaviour log-prob is the sampled token's log-probability under the tempered,
+    # top-k / top-p filtered distribution it was drawn from (not the raw one): the quantity
+    # the trainer recomputes, so the first update's importance ratio is exactly 1.
     req = Request(prompt_ids=backend.tokenizer.encode("call get_weather with"), n=4,
-                  sampling=Sampling(temperature=0.7, top_k=20, top_p=0.9, max_new_tokens=16,
-                                    seed=11))
-    short = Request(prompt_ids=[3, 4], sampling=Sampling(temperature=1.3, max_new_tokens=10,
-                                                          seed=5))
-    out = backend.generate([req, short])
-    for group, r in zip(out, [req, short]):
-        for c in group:
-            ref = full_forward_logprobs(backend, r.prompt_ids, c.token_ids)
-            torch.testing.assert_close(torch.tensor(c.logprobs), ref, atol=1e-4, rtol=0)
-    assert len({tuple(c.token_ids) for c in out[0]}) > 1  # the 4 samples are not clones
+                  sampling=Sampling(temperature=temperature, top_k=top_k, top_p=top_p,
+                                    max_new_tokens=16, seed=11))
+    [group] = backend.generate([req])
+    for c in group:
+        logits = full_forward_logits(backend, req.prompt_ids, c.token_ids)
+        ref = sampled_reference(logits, c.token_ids, temperature, top_k, top_p)
+        torch.testing.assert_close(torch.tensor(c.logprobs), ref, atol=1e-5, rtol=0)
+        raw = torch.log_softmax(logits, -1).gather(1, torch.tensor(c.token_ids)[:, None])[:, 0]
+        assert (torch.tensor(c.logprobs) - raw).abs().max() > 1e-3  # not the raw distribution
+    assert len({tuple(c.token_ids) for c in group}) > 1  # the 4 samples are not clones
 
 
 def test_shared_prefill_equals_separate_prefills(tiny_dir, backend):
