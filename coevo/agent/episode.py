@@ -126,7 +126,8 @@ async def run_episode(env: Environment, task: Task, harness: Harness, *, generat
         env=env, task=task, seq=seq, generate=generate, sampling=harness.sampling(seed),
         tool_format=harness.tool_format, max_turns=1 if env.single_turn else wf.max_turns,
         extract=wf.answer_extraction.extract, reflection_prompt=wf.reflection_prompt,
-        tools=own_tools, env_state=state, tool_timeout=tool_timeout)
+        tools=own_tools, env_state=state, tool_timeout=tool_timeout,
+        constrain=harness.constraint if harness.decoding.constrain.mode != "none" else None)
     try:
         await run_graph(ep, reflect_on_tool_error=wf.reflect_on_tool_error)
     except ContextError as exc:  # the template cannot continue this conversation

@@ -254,9 +254,17 @@ def file_data(asset: Asset) -> dict[str, Any]:
     """What goes into an asset's file: all fields in declared order, unset optionals left out.
 
     Dropping `None` is lossless because every optional field of every asset defaults to None
-    (values inside free-form JSON, e.g. a schema's `"default": null`, are kept).
+    (values inside free-form JSON, e.g. a schema's `"default": null`, are kept). Sub-fields an
+    asset leaves out of its hashed content at their defaults (a harness's unconstrained
+    `decoding.constrain`) are left out of the file too.
     """
-    return asset.model_dump(mode="json", exclude_none=True)
+    data = asset.model_dump(mode="json", exclude_none=True)
+    content = asset.content()
+    for key, value in data.items():
+        if isinstance(value, dict) and isinstance(content.get(key), dict):
+            for sub in [k for k in value if k not in content[key]]:
+                value.pop(sub)
+    return data
 
 
 def format_asset(asset: Asset) -> str:
