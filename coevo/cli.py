@@ -333,7 +333,7 @@ def train_cmd(
         backend = load_backend(model)
     lora = LoraSettings(rank=lora_rank, alpha=2.0 * lora_rank)
     trainer = Trainer(backend.model, TrainConfig(lr=lr, lora=lora, seed=seed, warmup_steps=warmup_steps),
-                      base_model=model)
+                      base_model=model, tokenizer=backend.tokenizer)
     cfg = StageConfig(steps=steps, tasks_per_step=tasks_per_step, samples=group_size, seed=seed,
                       checkpoint_every=checkpoint_every)
     from coevo.executors import LocalExecutor, make_executor
