@@ -259,6 +259,15 @@ def test_constrained_rows_do_not_depend_on_batch_mates(backend):
                                    atol=1e-4, rtol=0)
 
 
+def test_a_constrained_group_still_shares_its_prefill(backend):
+    py = tool_call_constraint([PICK, NOTE], "python", max_calls=2)
+    separate = HFBackend(backend.model, backend.tokenizer, share_prefill=False)
+    shared = backend.generate([_req(py, 3, n=4)])[0]
+    alone = separate.generate([_req(py, 3, n=4)])[0]
+    assert [c.token_ids for c in shared] == [c.token_ids for c in alone]
+    assert len({tuple(c.token_ids) for c in shared}) > 1
+
+
 def test_constrained_logprobs_are_of_the_masked_distribution(backend):
     """Independent check: a full forward, each position's allowed set from a fresh replay of
     the grammar, temperature and top-k applied by hand."""
