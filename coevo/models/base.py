@@ -61,6 +61,12 @@ class Completion(BaseModel):
     error: str | None = None  # set with finish_reason="error": an infrastructure failure
 
 
+def error_completion(message: str, prompt_ids: list[int] | None = None) -> Completion:
+    """A request that failed: data (finish_reason="error", the reason in `error`), not a raise."""
+    return Completion(text="", prompt_ids=prompt_ids or [], finish_reason="error",
+                      trainable=False, error=message)
+
+
 @runtime_checkable
 class Tokenizer(Protocol):
     """The subset of a Hugging Face tokenizer the runtime relies on."""
