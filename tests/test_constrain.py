@@ -297,6 +297,17 @@ def test_constrained_logprobs_are_of_the_masked_distribution(backend):
     assert forced > 5  # names and punctuation the grammar dictates
 
 
+def test_replay_accepts_a_forced_eos_after_the_grammar_ends(backend):
+    # vLLM samples the EOS a complete grammar forces; coevo's loop stops before it. Both replay.
+    py = tool_call_constraint([NOTE], "python")
+    g = Grammars(backend.tokenizer, backend._eos)
+    ids = backend.tokenizer.encode('[note(text="a")]', add_special_tokens=False)
+    rows = g.replay(py, ids + [backend.tokenizer.eos_token_id])
+    assert allowed_count(rows)[-1] == 1  # the EOS was the only choice
+    with pytest.raises(UnsupportedConstraint, match="follows the end of the grammar"):
+        g.replay(py, ids + ids[:1])
+
+
 def test_a_request_the_engine_rejects_fails_with_its_reason(backend):
     bad = Constraint.of_json_schema({"type": "object", "properties": {"a": {"not": {}}}})
     [[c]] = backend.generate([_req(bad, 1)])

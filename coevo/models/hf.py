@@ -48,7 +48,7 @@ from typing import Any
 import torch
 
 from coevo.errors import CoevoError
-from coevo.models.base import Completion, Request, Sampling
+from coevo.models.base import Completion, Request, Sampling, error_completion
 from coevo.models.logits import Settings, filter_logits, token_logprobs
 
 log = logging.getLogger(__name__)
@@ -112,13 +112,6 @@ def eos_ids(tokenizer: Any, model: Any = None) -> set[int]:
         elif isinstance(value, (list, tuple)):
             ids.update(int(v) for v in value)
     return ids
-
-
-def error_completion(message: str, prompt_ids: list[int] | None = None) -> Completion:
-    return Completion(
-        text="", prompt_ids=prompt_ids or [], finish_reason="error", trainable=False,
-        error=message,
-    )
 
 
 def first_stop(text: str, stops: list[str]) -> int:

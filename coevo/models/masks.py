@@ -99,8 +99,11 @@ class Grammars:
         m = self.matcher(constraint)
         rows = torch.full((len(tokens), self.words), -1, dtype=torch.int32)
         llg = _llg()
+        eos = set(self.eos_ids)
         for i, tok in enumerate(tokens):
-            if m.is_stopped():
+            # A complete grammar allows only EOS: engines that sample it (vLLM) end with it,
+            # coevo's loop stops before it. Either way nothing else may follow.
+            if m.is_stopped() and int(tok) not in eos:
                 raise UnsupportedConstraint(f"token {i} ({tok}) follows the end of the grammar")
             llg.torch.fill_next_token_bitmask(m, rows, i)
             if not m.consume_token(int(tok)):
