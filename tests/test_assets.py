@@ -69,8 +69,8 @@ def test_seed_assets_load(seeds):
     kinds = {}
     for a in seeds:
         kinds.setdefault(a.kind, set()).add(a.name)
-    assert kinds["harness"] == {"function_calling", "reasoning"}
-    assert kinds["rubric"] == {"function_calling", "reasoning"}
+    pairs = {"function_calling", "function_calling_constrained", "reasoning"}
+    assert kinds["harness"] == pairs and kinds["rubric"] == pairs  # rubrics named like harnesses
     assert {"function-call-format", "argument-extraction", "arithmetic-checking"} <= kinds["skill"]
     assert kinds["skill_library"] == {"seed"}
     lib = by_name(seeds, "skill_library", "seed")
