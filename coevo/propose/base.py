@@ -191,20 +191,27 @@ def member_violations(cand: Candidate, incumbent: Incumbent) -> str | None:
 
 def tool_contract_changes(old: Harness, new: Harness) -> str | None:
     """`tools` is whitelisted for its descriptions only: a tool's name and parameter schema
-    are a contract with the code that runs it (coevo.agent.tools), so a proposal may reword
-    a description but not add, remove, rename or re-type a tool."""
-    def contract(h: Harness) -> list[tuple[str, str]]:
+    are a contract with the code that runs it (coevo.agent.tools), and its `sandbox` is a
+    safety setting only a person may choose (`none` runs model-written code unisolated), so
+    a proposal may reword a description but not add, remove, rename, re-type or unsandbox a
+    tool."""
+    def contract(h: Harness) -> list[tuple[str, str, str]]:
         import json
 
-        return [(t.function.name, json.dumps(t.function.parameters, sort_keys=True)) for t in h.tools]
+        return [(t.function.name, json.dumps(t.function.parameters, sort_keys=True), t.sandbox)
+                for t in h.tools]
 
     before, after = contract(old), contract(new)
     if before == after:
         return None
-    names_b, names_a = [n for n, _ in before], [n for n, _ in after]
+    names_b, names_a = [c[0] for c in before], [c[0] for c in after]
     if names_b != names_a:
         return (f"tools: only descriptions may change; tool names {names_b} became {names_a}")
-    changed = [n for (n, a), (_, b) in zip(before, after) if a != b]
+    for (name, schema_b, sandbox_b), (_, schema_a, sandbox_a) in zip(before, after):
+        if sandbox_b != sandbox_a:
+            return (f"tools: only descriptions may change; the sandbox of {name} changed "
+                    f"({sandbox_b} -> {sandbox_a})")
+    changed = [b[0] for b, a in zip(before, after) if b[1] != a[1]]
     return f"tools: only descriptions may change; the parameter schema of {', '.join(changed)} changed"
 
 
