@@ -335,7 +335,7 @@ criteria:
     kind: json_schema
     params: {json_schema: {type: object, required: [x]}}
   - {id: named, kind: tool_called, params: {name: calculator, args_match: true}}
-  - {id: custom, kind: python, params: {callable: "my_pkg.checks:score", kwargs: {k: 1}}}
+  - {id: custom, kind: python, params: {callable: "coevo.checks:answer_is_number", kwargs: {k: 1}}}
   - {id: judge, kind: llm_judge, weight: 0.0, params: {question: "Is the answer polite?", scale: 10}}
 """
     r = parse_asset(text, "rubrics/all-kinds.yaml")

@@ -16,8 +16,10 @@ Criterion kinds (a discriminated union on `kind`, each with its own validated `p
   call that decodes; `name_in_offered` pays only when every called name is one of the task's
   offered functions, the guard FACTS.md motivates (a "decodes" reward was hacked by copying the
   worked example's call verbatim).
-- python: a "pkg.module:func" callable, checked for syntax here and resolved at reward time,
-  so a rubric can name a function from a package that is not importable where it is edited.
+- python: a "pkg.module:func" check, which must be registered (coevo/checks.py: by the
+  project, or a plugin's `coevo.checks` entry point). The syntax is checked here; rubric files
+  and proposals naming an unregistered check are refused where they come in (coevo.assets.io,
+  coevo.propose.base.check_candidate), and the callable is imported only at reward time.
 - llm_judge: a question put to a model, answered on a 0..scale scale.
 
 Weights are data a proposer may revise, but the gate compares candidates on the verified

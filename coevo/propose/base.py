@@ -23,6 +23,7 @@ from coevo.assets.base import Asset, changed_fields, forbidden_changes
 from coevo.assets.harness import Harness
 from coevo.assets.rubric import Rubric
 from coevo.assets.skill import Skill, SkillLibrary
+from coevo.checks import python_criteria_problems
 from coevo.errors import CoevoError
 from coevo.executors import AgentAssets
 from coevo.registry import Registry, UnknownName
@@ -161,6 +162,12 @@ def check_candidate(cand: Candidate, incumbent: Incumbent) -> str | None:
         bad_tools = tool_contract_changes(old, cand.asset)  # type: ignore[arg-type]
         if bad_tools:
             return bad_tools
+    if cand.kind == "rubric":
+        # A python criterion is code coevo calls: a proposal may pick a registered check,
+        # never name a new callable (`builtins:print` with kwargs of its choosing ran).
+        problems = python_criteria_problems(cand.asset)
+        if problems:
+            return "{}: {}".format(*problems[0])
     return member_violations(cand, incumbent)
 
 
