@@ -30,6 +30,7 @@ import jsonschema
 from coevo.envs.base import Response, Score, Task
 from coevo.errors import CoevoError
 from coevo.models.base import Request, Sampling
+from coevo import linear_regex
 from coevo.checks import resolve_check
 from coevo.trajectory import ToolCall
 
@@ -59,8 +60,8 @@ def regex_reward(text: str, pattern: str, must_match: bool = True,
     >>> regex_reward("I cannot help with that.", r"cannot help", must_match=False)
     0.0
     """
-    found = re.search(pattern, text or "", re.IGNORECASE if ignore_case else 0) is not None
-    return float(found == must_match)
+    # RE2, not `re`: the pattern may come from a proposal, and RE2 matches in linear time.
+    return float(linear_regex.search(pattern, text or "", ignore_case) == must_match)
 
 
 def parse_json_value(text: str) -> Any:

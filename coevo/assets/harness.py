@@ -21,7 +21,6 @@ validation like any other bad file rather than reaching the runtime.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -31,6 +30,7 @@ from pydantic import (BaseModel, ConfigDict, Field, JsonValue, field_validator, 
 
 from coevo.assets.base import Asset, Text
 from coevo.assets.io import PATTERN_HINTS
+from coevo.linear_regex import compile_pattern
 from coevo.models.base import Sampling
 from coevo.models.constrain import Constraint
 from coevo.models.grammars import tool_call_constraint
@@ -134,9 +134,9 @@ class AnswerExtraction(_Model):
             return self
         if not self.pattern:
             raise ValueError("method 'regex' needs a pattern")
-        try:
-            compiled = re.compile(self.pattern)
-        except re.error as e:
+        try:  # RE2 (coevo/linear_regex.py): a proposal's pattern runs in linear time
+            compiled = compile_pattern(self.pattern)
+        except ValueError as e:
             raise ValueError(f"pattern does not compile: {e}") from None
         if self.group is not None and self.group > compiled.groups:
             raise ValueError(f"group {self.group} but the pattern has {compiled.groups} groups")
@@ -150,7 +150,7 @@ class AnswerExtraction(_Model):
         """
         if self.method != "regex":
             return text.strip()
-        compiled = re.compile(self.pattern or "")
+        compiled = compile_pattern(self.pattern or "")
         matches = list(compiled.finditer(text))
         if not matches:
             return None

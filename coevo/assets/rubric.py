@@ -10,7 +10,8 @@ both sums, never a zero.
 
 Criterion kinds (a discriminated union on `kind`, each with its own validated `params`):
 - outcome: the verifier's outcome, or one of its partial-credit `details` (e.g. BFCL's).
-- regex: a pattern searched in the extracted answer or the full final text.
+- regex: a pattern searched in the extracted answer or the full final text, by RE2 (linear
+  time, coevo/linear_regex.py: no backreferences or lookaround).
 - json_schema: the answer parsed as JSON validates against a schema.
 - tool_called: properties of the final turn's tool calls. With no constraints it pays for any
   call that decodes; `name_in_offered` pays only when every called name is one of the task's
@@ -28,7 +29,6 @@ outcome, so a rubric that pays for unverified progress cannot win by itself.
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, m
 from coevo.assets.base import Asset, Text
 from coevo.assets.harness import ASSET_NAME, check_json_schema
 from coevo.assets.io import PATTERN_HINTS
+from coevo.linear_regex import compile_pattern
 
 CRITERION_ID = r"^[a-z0-9]+(?:[_-][a-z0-9]+)*$"
 CALLABLE_REF = r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*$"
@@ -61,9 +62,10 @@ class RegexParams(_Params):
     @field_validator("pattern")
     @classmethod
     def _compiles(cls, v: str) -> str:
+        # Matched by RE2 (coevo/linear_regex.py): a proposal's pattern runs in linear time.
         try:
-            re.compile(v)
-        except re.error as e:
+            compile_pattern(v)
+        except ValueError as e:
             raise ValueError(f"does not compile: {e}") from None
         return v
 
