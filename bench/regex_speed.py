@@ -1,7 +1,7 @@
 """Proposal-editable regexes: Python's backtracking `re` vs RE2 (coevo/linear_regex.py) on the
 catastrophic pattern `^(a|a)*$` against "a" * n + "b" (no match: the worst case).
 
-    python bench/regex.py [--re-up-to 22] [--re2-n 5000 100000 1000000]
+    python bench/regex_speed.py [--re-up-to 22] [--re2-n 5000 100000 1000000]
 
 Prints seconds per search: `re` doubles with each character, RE2 grows linearly with n.
 """
