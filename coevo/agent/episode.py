@@ -32,7 +32,6 @@ from coevo.envs.base import Environment, Task
 from coevo.errors import CoevoError, InfraError
 from coevo.models.base import Backend, Completion, Request
 from coevo.models.batching import DynamicBatcher
-from coevo.registry import UnknownName
 from coevo.rewards import ascore_rubric, reward
 from coevo.trajectory import Trajectory
 
@@ -76,8 +75,9 @@ def build_messages(harness: Harness, task: Task, active_skills: list[Any]) -> li
 def harness_tools(harness: Harness) -> dict[str, Tool]:
     """The implementations of the harness's own tools (agent/tools.py registry)."""
     try:
-        return resolve_tools([t.function.name for t in harness.tools])
-    except UnknownName as exc:
+        return resolve_tools([t.function.name for t in harness.tools],
+                             {t.function.name: t.sandbox for t in harness.tools})
+    except CoevoError as exc:  # an unknown tool, a sandbox setting on a tool without code
         raise CoevoError(f"harness {harness.name!r}: tools: {exc}") from None
 
 

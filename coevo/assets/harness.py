@@ -21,18 +21,20 @@ validation like any other bad file rather than reaching the runtime.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import jsonschema
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, JsonValue, field_validator, model_serializer,
+                      model_validator)
 
 from coevo.assets.base import Asset, Text
 from coevo.assets.io import PATTERN_HINTS
+from coevo.linear_regex import compile_pattern
 from coevo.models.base import Sampling
 from coevo.models.constrain import Constraint
 from coevo.models.grammars import tool_call_constraint
+from coevo.sandbox import DEFAULT_SANDBOX, SANDBOXES
 
 if TYPE_CHECKING:
     from coevo.assets.skill import Skill
@@ -86,10 +88,30 @@ class FunctionSpec(_Model):
 
 
 class ToolSpec(_Model):
-    """An OpenAI function-calling tool spec: {"type": "function", "function": {...}}."""
+    """An OpenAI function-calling tool spec: {"type": "function", "function": {...}}, plus
+    `sandbox`: what a harness tool that runs code (`python`) runs it in (coevo/sandbox.py).
+    "bwrap", the default, isolates it; "none" is UNSAFE: the model's code runs as the calling
+    user, with every file and the network that user can reach. Only a person may set it: a
+    proposal that changes it is invalid (coevo.propose.base.tool_contract_changes)."""
 
     type: Literal["function"] = "function"
     function: FunctionSpec
+    sandbox: str = DEFAULT_SANDBOX
+
+    @field_validator("sandbox")
+    @classmethod
+    def _known_sandbox(cls, v: str) -> str:
+        if v not in SANDBOXES:
+            raise ValueError(f"unknown sandbox {v!r}; known: {', '.join(SANDBOXES.names())}")
+        return v
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> Any:
+        data = handler(self)
+        # The default is left out, so a harness hashes as it did before `sandbox` existed.
+        if isinstance(data, dict) and data.get("sandbox") == DEFAULT_SANDBOX:
+            del data["sandbox"]
+        return data
 
 
 class AnswerExtraction(_Model):
@@ -112,9 +134,9 @@ class AnswerExtraction(_Model):
             return self
         if not self.pattern:
             raise ValueError("method 'regex' needs a pattern")
-        try:
-            compiled = re.compile(self.pattern)
-        except re.error as e:
+        try:  # RE2 (coevo/linear_regex.py): a proposal's pattern runs in linear time
+            compiled = compile_pattern(self.pattern)
+        except ValueError as e:
             raise ValueError(f"pattern does not compile: {e}") from None
         if self.group is not None and self.group > compiled.groups:
             raise ValueError(f"group {self.group} but the pattern has {compiled.groups} groups")
@@ -128,7 +150,7 @@ class AnswerExtraction(_Model):
         """
         if self.method != "regex":
             return text.strip()
-        compiled = re.compile(self.pattern or "")
+        compiled = compile_pattern(self.pattern or "")
         matches = list(compiled.finditer(text))
         if not matches:
             return None
@@ -316,7 +338,8 @@ class Harness(Asset):
         """Task functions then harness tools, as OpenAI specs (what `Request.tools` gets)."""
         specs = [normalize_function_spec(t) for t in task_tools]
         taken = {s["function"]["name"] for s in specs}
-        own = [t.model_dump(mode="json") for t in self.tools if t.function.name not in taken]
+        own = [t.model_dump(mode="json", exclude={"sandbox"}) for t in self.tools
+               if t.function.name not in taken]
         return specs + own
 
     def demo_messages(self) -> list[dict[str, Any]]:

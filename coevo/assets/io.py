@@ -34,6 +34,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from coevo.assets.base import ASSET_TYPES, Asset
+from coevo.checks import python_criteria_problems
 from coevo.errors import AssetError
 
 # Folder name -> kind, for YAML assets (skills are recognised by their SKILL.md file name).
@@ -304,7 +305,13 @@ def parse_asset(text: str, source: str, kind: str | None = None) -> Asset:
     from_markdown = getattr(cls, "from_markdown", None)
     if callable(from_markdown):
         return from_markdown(text, source)
-    return validate_asset(cls, parse_yaml(text, source), source)
+    asset = validate_asset(cls, parse_yaml(text, source), source)
+    # Files are where a person adds a rubric: a python check it names must be registered
+    # (coevo.checks). Stored versions are not re-checked on load, so audits still read them.
+    problems = python_criteria_problems(asset)
+    if problems:
+        raise AssetError(source, *problems[0])
+    return asset
 
 
 def load_asset(path: str | Path, kind: str | None = None) -> Asset:
