@@ -458,6 +458,20 @@ def report(
     console.print(f"wrote {write_report(_store(db), run, out)}")
 
 
+@app.command()
+@_cli
+def serve(
+    db: Optional[str] = DbOption,
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (loopback by default)."),
+    port: int = typer.Option(8765, "--port", help="Port to listen on (0: any free port)."),
+) -> None:
+    """Read-only reviewer web app: runs, rounds, proposals with their evidence, blame, lineage."""
+    from coevo.serve import serve as serve_app
+
+    serve_app(db, host=host, port=port, echo=lambda m: console.print(escaped(m), highlight=False,
+                                                                      soft_wrap=True))
+
+
 # ---------------------------------------------------------------------------------------------
 # The main job
 
