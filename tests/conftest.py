@@ -76,3 +76,12 @@ def bwrap():
             pytest.fail(f"CI must provide bubblewrap (.ci/run installs it): {problem}")
         pytest.skip(problem)
     return sandbox
+
+
+@pytest.fixture(scope="session")
+def review_store(tmp_path_factory):
+    """(SQLite URL, proposal ids by name) of the reviewer app's test store: real scripted runs
+    (tests/serve_glue.py), built once for test_serve.py and test_serve_browser.py."""
+    import serve_glue
+
+    return serve_glue.build_store(tmp_path_factory.mktemp("review") / "review.db")
