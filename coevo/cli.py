@@ -532,8 +532,9 @@ def _run_and_summarise(cfg, store, resume: Optional[str]) -> None:
     if res.final is not None:
         console.print(f"test: {res.final.line()}", highlight=False)
     name = escaped(res.name)
-    console.print(f"audit: coevo runs show {name} | coevo proposals list --run {name} | "
-                  f"coevo report {name} --out report.html", highlight=False)
+    console.print(f"audit: coevo serve (in a browser) | coevo runs show {name} | "
+                  f"coevo proposals list --run {name} | coevo report {name} --out report.html",
+                  highlight=False)
 
 
 @app.command()

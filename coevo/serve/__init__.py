@@ -17,6 +17,7 @@ def serve(db: str | None = None, host: str = "127.0.0.1", port: int = 8765,
     Port 0 picks a free port; the URL printed is the one bound."""
     import uvicorn
 
+    from coevo.errors import CoevoError
     from coevo.serve.app import allowed_hosts, create_app
     from coevo.store.queries import open_readonly
 
@@ -24,7 +25,13 @@ def serve(db: str | None = None, host: str = "127.0.0.1", port: int = 8765,
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+    except (OSError, OverflowError) as e:
+        sock.close()
+        store.close()
+        raise CoevoError(f"cannot listen on {host}:{port}: {e} (choose another --port, or 0 "
+                         "for any free one)") from None
     bound = sock.getsockname()[1]
     name = f"[{host}]" if ":" in host else host
     app = create_app(store, allowed_hosts(host))
