@@ -29,7 +29,15 @@ from pydantic import BaseModel, ConfigDict
 from coevo.errors import CoevoError, NotFound
 from coevo.store import tables as T
 from coevo.store.engine import make_engine, resolve_url
-from coevo.store.records import PROPOSAL_STATUSES, AssetRecord, RoundRecord, RunRecord, asset_record
+from coevo.store.records import (
+    PROPOSAL_STATUSES,
+    AssetRecord,
+    RoundRecord,
+    RunRecord,
+    asset_record,
+    round_record,
+    run_record,
+)
 from coevo.store.store import Store
 
 SLOTS = ("harness", "skill_library", "rubric")
@@ -132,8 +140,6 @@ def count_runs(store: Store) -> int:
 
 def runs_page(store: Store, offset: int = 0, limit: int = 25) -> list[RunRecord]:
     """Runs, newest first."""
-    from coevo.store.records import run_record
-
     with store.transaction() as s:
         rows = s.execute(sa.select(T.Run).order_by(T.Run.created_at.desc(), T.Run.id.desc())
                          .offset(offset).limit(limit)).scalars()
@@ -143,8 +149,6 @@ def runs_page(store: Store, offset: int = 0, limit: int = 25) -> list[RunRecord]
 def run_stats(store: Store, run_ids: Iterable[str]) -> dict[str, RunStats]:
     """Rounds, proposal counts by status, spend by kind and evaluation episodes by split of
     each run: four grouped queries, whatever the number of runs."""
-    from coevo.store.records import round_record
-
     ids = list(dict.fromkeys(run_ids))
     if not ids:
         return {}
