@@ -3,7 +3,9 @@
 Two layers. Plain-data extractors (`round_rows`, `budget_rows`, `rl_steps`, `proposal_rows`)
 turn stored rows into small pydantic records; the rich views (`runs_table`, `run_view`,
 `proposals_table`, `proposal_view`, `lineage_tree`) and the HTML report (coevo/report.py) both
-render those records, so the terminal and the report never disagree about a number.
+render those records, so the terminal and the report never disagree about a number. Every
+string that a model or a user wrote goes through coevo.terminal (`plain`, `safe`): shown as
+written, never interpreted as a terminal sequence or rich markup.
 
 What is read from where. The store records everything as rows except what only the loop knows
 per round; that comes from the round summary (`store.finish_round(..., summary=...)`). Every key
@@ -54,6 +56,7 @@ from coevo.assets.base import format_diff
 from coevo.errors import Ambiguous, NotFound
 from coevo.store.records import DecisionRecord, ProposalRecord, RunRecord
 from coevo.store.store import Store
+from coevo.terminal import plain, safe
 
 ASSET_SLOTS = ("harness", "skill_library", "rubric")
 STATUS_STYLE = {"accepted": "green", "rejected": "red", "invalid": "magenta", "pending": "yellow"}
@@ -287,7 +290,7 @@ def runs_table(store: Store) -> Table:
         rows = round_rows(store, run)
         props = store.proposals(run=run.id)
         vals = [r.val_score for r in rows if r.val_score is not None]
-        t.add_row(short(run.id), run.name, run.mode, run.status, str(len(rows)),
+        t.add_row(short(run.id), plain(run.name), plain(run.mode), run.status, str(len(rows)),
                   f"{sum(p.status == 'accepted' for p in props)}/{len(props)}",
                   fmt(vals[-1] if vals else None), f"{run.created_at:%Y-%m-%d %H:%M}")
     return t
@@ -298,7 +301,7 @@ def run_view(store: Store, run: str) -> Group:
     spent vs limits, and checkpoints."""
     rec = _run(store, run)
     rows = round_rows(store, rec)
-    head = Text.assemble((rec.name, "bold"), f"  id {rec.id}  mode {rec.mode}  status ",
+    head = Text.assemble((safe(rec.name), "bold"), f"  id {rec.id}  mode {safe(rec.mode)}  status ",
                          (rec.status, "bold"))
 
     rt = Table(title="rounds")
@@ -323,7 +326,7 @@ def run_view(store: Store, run: str) -> Group:
     for col in ("round", "id", "step", "sha256", "path"):
         ct.add_column(col)
     for r, c in _checkpoints(store, rec, rows):
-        ct.add_row(fmt(r), short(c.id), str(c.step), short(c.sha256), c.path)
+        ct.add_row(fmt(r), short(c.id), str(c.step), short(c.sha256), plain(c.path))
     return Group(head, rt, bt, ct)
 
 
@@ -351,10 +354,10 @@ def proposals_table(store: Store, run: str | None = None, status: str | None = N
                 "p", "rollouts", "reason"):
         t.add_column(col, overflow="fold")
     for p in proposal_rows(store, run=run, status=status):
-        t.add_row(short(p.id), fmt(p.round), p.proposer, p.kind, _status(p.status),
+        t.add_row(short(p.id), fmt(p.round), plain(p.proposer), plain(p.kind), _status(p.status),
                   short(p.parent), short(p.candidate),
                   f"{p.mean_diff:+.3f}" if p.mean_diff is not None else "-",
-                  fmt(p.p_value, 4), str(p.rollouts), p.reason)
+                  fmt(p.p_value, 4), str(p.rollouts), plain(p.reason))
     return t
 
 
@@ -387,7 +390,7 @@ def _diff_text(diff: str) -> Text:
     for line in diff.splitlines(keepends=True):
         style = ("bold" if line.startswith(("+++", "---")) else "green" if line.startswith("+")
                  else "red" if line.startswith("-") else "cyan" if line.startswith("@@") else "")
-        out.append(line, style=style)
+        out.append(safe(line), style=style)
     return out
 
 
@@ -404,13 +407,13 @@ def proposal_view(store: Store, id: str, show_prompt: bool = False) -> Group:
                  ("parent", p.parent or "-"), ("candidate", p.candidate or "-"),
                  ("created", f"{p.created_at:%Y-%m-%d %H:%M:%S}"),
                  ("rationale", p.rationale or "-"), ("predicted effect", p.predicted_effect or "-")):
-        meta.add_row(k, v)
+        meta.add_row(k, v if isinstance(v, Text) else plain(v))
     parts: list[RenderableType] = [meta, Panel(_diff_text(proposal_diff(store, p)), title="diff")]
     if p.status == "invalid" or p.error:
-        parts.append(Panel(Text(p.error or "-", style="magenta"), title="error"))
-        parts.append(Panel(Text(p.raw_output or "(empty)"), title="raw output"))
+        parts.append(Panel(plain(p.error or "-", style="magenta"), title="error"))
+        parts.append(Panel(plain(p.raw_output or "(empty)"), title="raw output"))
     if show_prompt:
-        parts.append(Panel(Text(p.prompt or "(empty)"), title="proposer prompt"))
+        parts.append(Panel(plain(p.prompt or "(empty)"), title="proposer prompt"))
     decisions = store.decisions(p.id)
     if not decisions and p.status != "invalid":
         parts.append(Text("no gate decision yet", style="yellow"))
@@ -422,8 +425,8 @@ def proposal_view(store: Store, id: str, show_prompt: bool = False) -> Group:
 def _decision_parts(d: DecisionRecord) -> list[RenderableType]:
     verdict = Text.assemble(("accepted" if d.accepted else "rejected",
                              "bold green" if d.accepted else "bold red"),
-                            f"  policy {d.policy}  metric {d.metric or '-'}  rollouts {d.rollouts}"
-                            f"  decision {short(d.id)}")
+                            f"  policy {safe(d.policy)}  metric {safe(d.metric or '-')}"
+                            f"  rollouts {d.rollouts}  decision {short(d.id)}")
     partial = any(e.incumbent_partial is not None or e.candidate_partial is not None
                   for e in d.evidence)
     ev = Table(title=f"evidence ({len(d.evidence)} pairs)")
@@ -435,25 +438,25 @@ def _decision_parts(d: DecisionRecord) -> list[RenderableType]:
         delta = (e.candidate - e.incumbent if e.candidate is not None and e.incumbent is not None
                  else None)
         extra = [fmt(e.incumbent_partial), fmt(e.candidate_partial)] if partial else []
-        ev.add_row(e.task_id, str(e.sample), fmt(e.incumbent), fmt(e.candidate),
+        ev.add_row(plain(e.task_id), str(e.sample), fmt(e.incumbent), fmt(e.candidate),
                    f"{delta:+.3f}" if delta is not None else "-", *extra,
-                   Text(e.status, style="" if e.status == "ok" else "magenta"))
+                   plain(e.status, style="" if e.status == "ok" else "magenta"))
     st = Table(title="statistics")
     st.add_column("statistic")
     st.add_column("value", justify="right")
     for k in sorted(d.statistic):
         v = d.statistic[k]
-        st.add_row(k, fmt(_num(v), 4) if _num(v) is not None else str(v))
+        st.add_row(plain(k), fmt(_num(v), 4) if _num(v) is not None else plain(v))
     parts: list[RenderableType] = [verdict, ev, st]
     if d.stages:  # the sequential comparison; the last stage is the stop the reason cites
         sg = Table(title="stages")
         for col in ("stage", "tasks", "wins", "losses", "ties", "p", "action", "rule"):
             sg.add_column(col, justify="left" if col in ("stage", "action", "rule") else "right")
         for x in d.stages:
-            sg.add_row(x["name"], f"{x['tasks_total']}", str(x["wins"]), str(x["losses"]),
-                       str(x["ties"]), fmt(x["p_value"], 4), x["action"], x["rule"])
+            sg.add_row(plain(x["name"]), f"{x['tasks_total']}", str(x["wins"]), str(x["losses"]),
+                       str(x["ties"]), fmt(x["p_value"], 4), plain(x["action"]), plain(x["rule"]))
         parts.append(sg)
-    return [*parts, Panel(Text(d.reason), title="reason")]
+    return [*parts, Panel(plain(d.reason), title="reason")]
 
 
 def lineage_tree(store: Store, version_ref: str, kind: str | None = None) -> Tree:
@@ -468,12 +471,12 @@ def lineage_tree(store: Store, version_ref: str, kind: str | None = None) -> Tre
             by_candidate[p.candidate].append(p)
 
     def label(rec: Any, this: bool = False) -> Text:
-        t = Text.assemble((short(rec.hash), "bold" if this else ""), f"  {rec.kind} {rec.name}",
+        t = Text.assemble((short(rec.hash), "bold" if this else ""), f"  {rec.kind} {safe(rec.name)}",
                           f"  {rec.created_at:%Y-%m-%d %H:%M}")
         for p in by_candidate.get(rec.hash, []):
             t.append("  ")
             t.append(f"{p.status}", style=STATUS_STYLE.get(p.status, ""))
-            t.append(f" by {p.proposer} ({short(p.id)})")
+            t.append(f" by {safe(p.proposer)} ({short(p.id)})")
         if this:
             t.append("  <- this version", style="bold cyan")
         return t

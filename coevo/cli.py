@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from coevo.errors import CoevoError
+from coevo.terminal import escaped, safe
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__.split("\n")[0])
 harness_app = typer.Typer(no_args_is_help=True, help="Harness versions: list, show, diff, export.")
@@ -54,7 +55,7 @@ def _cli(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(*args, **kwargs)
         except CoevoError as e:
-            err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+            err.print(f"[red]error:[/red] {escaped(e)}", highlight=False, soft_wrap=True)
             raise typer.Exit(1) from None
 
     return wrapper
@@ -157,8 +158,9 @@ def _show(kind: str, ref: str, db: Optional[str]) -> None:
     rec = store.resolve(kind, ref)
     asset = store.get_asset(kind, rec.hash)
     console.print(f"# {kind} {rec.name} {rec.hash} (parent {_short(rec.parent)})", highlight=False, soft_wrap=True)
-    # Plain print: rich markup would eat brackets inside prompts and schemas.
-    sys.stdout.write(format_asset(asset))
+    # Plain print: rich markup would eat brackets inside prompts and schemas; `safe` shows
+    # what YAML leaves raw (bidi overrides) as escapes.
+    sys.stdout.write(safe(format_asset(asset)))
     sys.stdout.flush()
 
 
@@ -183,7 +185,7 @@ def harness_diff(a: str, b: str, db: Optional[str] = DbOption) -> None:
     from coevo.assets import format_diff
 
     store = _store(db)
-    sys.stdout.write(format_diff(store.get_asset("harness", a), store.get_asset("harness", b)))
+    sys.stdout.write(safe(format_diff(store.get_asset("harness", a), store.get_asset("harness", b))))
 
 
 @harness_app.command("export")
@@ -197,8 +199,9 @@ def harness_export(
     from coevo.assets import dump_asset, format_asset
 
     asset = _store(db).get_asset("harness", ref)
-    if out is None:
-        sys.stdout.write(format_asset(asset))
+    if out is None:  # verbatim into a pipe or file; a terminal gets control characters escaped
+        text = format_asset(asset)
+        sys.stdout.write(safe(text) if sys.stdout.isatty() else text)
     else:
         console.print(f"wrote {dump_asset(asset, out)}")
 
@@ -280,11 +283,11 @@ def eval_cmd(
 
     store = _store(db)
     assets = load_agent_assets(store, harness, rubric, skills)
-    with console.status(f"loading {model}"):
+    with console.status(f"loading {escaped(model)}"):
         backend = load_backend(model) if executor == "local" else None
     # llm_judge criteria are answered by the policy's own model (as in a run without `judge`)
     ex = make_executor(executor, backend=model, judge=model) if executor != "local" else None
-    with console.status(f"running {env} {split}"):
+    with console.status(f"running {escaped(env)} {escaped(split)}"):
         result = evaluate(store, env, assets, backend, split=split, n=n, samples=samples,
                           seed=seed, checkpoint=checkpoint, executor=ex, judge=backend)
     console.print(eval_table(result))
@@ -330,11 +333,11 @@ def train_cmd(
         rec = store.create_run(name, config={"command": "train", "env": env, "model": model,
                                              "steps": steps, "seed": seed}, mode="weight-only")
         store.start_round(rec.id, 0)
-    with console.status(f"loading {model}"):
+    with console.status(f"loading {escaped(model)}"):
         backend = load_backend(model)
     lora = LoraSettings(rank=lora_rank, alpha=2.0 * lora_rank)
     trainer = Trainer(backend.model, TrainConfig(lr=lr, lora=lora, seed=seed, warmup_steps=warmup_steps),
-                      base_model=model)
+                      base_model=model, tokenizer=backend.tokenizer)
     cfg = StageConfig(steps=steps, tasks_per_step=tasks_per_step, samples=group_size, seed=seed,
                       checkpoint_every=checkpoint_every)
     from coevo.executors import LocalExecutor, make_executor
@@ -364,13 +367,13 @@ def train_cmd(
     if remote is not None:
         remote.close()
     store.finish_round(rec.id, 0, summary={"rl": result.model_dump(mode="json")})
-    console.print(f"run {name}: steps {result.start_step}..{result.end_step}, checkpoint {result.checkpoint}; "
+    console.print(f"run {escaped(name)}: steps {result.start_step}..{result.end_step}, checkpoint {result.checkpoint}; "
                   f"evaluate with: coevo eval --harness {harness} --env {env} --checkpoint {result.checkpoint}",
                   highlight=False)
 
 
 def eval_table(result) -> Table:
-    t = Table(title=f"{result.env} {result.split} (evaluation {_short(result.evaluation)})")
+    t = Table(title=f"{escaped(result.env)} {escaped(result.split)} (evaluation {_short(result.evaluation)})")
     for col in ("mean [95% CI]", "success", "reward", "turns", "tokens", "seconds", "infra fail"):
         t.add_column(col)
     f = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
@@ -457,6 +460,20 @@ def report(
     console.print(f"wrote {write_report(_store(db), run, out)}")
 
 
+@app.command()
+@_cli
+def serve(
+    db: Optional[str] = DbOption,
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (loopback by default)."),
+    port: int = typer.Option(8765, "--port", help="Port to listen on (0: any free port)."),
+) -> None:
+    """Read-only reviewer web app: runs, rounds, proposals with their evidence, blame, lineage."""
+    from coevo.serve import serve as serve_app
+
+    serve_app(db, host=host, port=port, echo=lambda m: console.print(escaped(m), highlight=False,
+                                                                      soft_wrap=True))
+
+
 # ---------------------------------------------------------------------------------------------
 # The main job
 
@@ -488,8 +505,9 @@ def _run_and_summarise(cfg, store, resume: Optional[str]) -> None:
     from coevo.loop import run_coevolution
 
     t0 = time.perf_counter()
-    res = run_coevolution(cfg, store, resume=resume, progress=lambda m: console.print(m, highlight=False))
-    console.print(f"\n[bold]run {res.name}[/bold] ({res.run[:12]}) finished in {time.perf_counter() - t0:.0f} s")
+    res = run_coevolution(cfg, store, resume=resume,
+                          progress=lambda m: console.print(escaped(m), highlight=False))
+    console.print(f"\n[bold]run {escaped(res.name)}[/bold] ({res.run[:12]}) finished in {time.perf_counter() - t0:.0f} s")
     def score(summary: dict, key: str) -> str:
         val, ci = summary.get(f"{key}_score"), summary.get(f"{key}_ci") or [None, None]
         if val is None:
@@ -511,11 +529,14 @@ def _run_and_summarise(cfg, store, resume: Optional[str]) -> None:
         decisions = store.decisions(p.id)
         if decisions:
             reason = decisions[-1].reason
-        console.print(f"  {p.status:9} {p.proposer:10} {reason[:160]}", highlight=False)
+        console.print(f"  {p.status:9} {escaped(f'{p.proposer:10}')} {escaped(reason[:160])}",
+                      highlight=False)
     if res.final is not None:
         console.print(f"test: {res.final.line()}", highlight=False)
-    console.print(f"audit: coevo runs show {res.name} | coevo proposals list --run {res.name} | "
-                  f"coevo report {res.name} --out report.html", highlight=False)
+    name = escaped(res.name)
+    console.print(f"audit: coevo serve (in a browser) | coevo runs show {name} | "
+                  f"coevo proposals list --run {name} | coevo report {name} --out report.html",
+                  highlight=False)
 
 
 @app.command()

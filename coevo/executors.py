@@ -25,7 +25,8 @@ lands on changes nothing but float rounding from the batch shape (see coevo/mode
 Departure from the brief's `ray.init(address=os.environ.get("RAY_ADDRESS"))`: without
 RAY_ADDRESS we pass address="local", which always starts a private local instance, because
 `ray.init()` with no address may attach to whatever cluster another user on the machine last
-started (it reads /tmp/ray/ray_current_cluster).
+started (it reads /tmp/ray/ray_current_cluster). That local instance listens on 127.0.0.1 only
+(`start_local_ray`): by default Ray's servers and workers listen on every interface.
 """
 
 from __future__ import annotations
@@ -345,6 +346,55 @@ def _one_line(exc: BaseException) -> str:
     return lines[-1] if lines else type(exc).__name__
 
 
+LOOPBACK = "127.0.0.1"
+_RAY_CLUSTERS_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def local_ray_kwargs(num_cpus: int, object_store_memory: int | None = None,
+                     runtime_env: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`ray.init` arguments of a private local instance on the loopback address, no dashboard.
+
+    >>> local_ray_kwargs(2)["_node_ip_address"], local_ray_kwargs(2)["address"]
+    ('127.0.0.1', 'local')
+    """
+    return dict(address="local", num_cpus=num_cpus, object_store_memory=object_store_memory,
+                include_dashboard=False, runtime_env=runtime_env, log_to_driver=False,
+                _node_ip_address=LOOPBACK)
+
+
+def start_local_ray(num_cpus: int, object_store_memory: int | None = None,
+                    runtime_env: dict[str, Any] | None = None) -> None:
+    """Start a private local Ray whose servers (GCS, raylet, object manager, every worker's
+    gRPC server, the runtime-env agent) listen on 127.0.0.1 only, not on all interfaces.
+
+    Ray binds them to the loopback only when the node IP is the loopback, and ray.init turns
+    an explicit 127.0.0.1 into the machine's routable IP unless multi-node clusters are
+    disabled, as Ray does itself on macOS and Windows. So they are disabled while the instance
+    starts: in this process (the constant Ray read at import) and in the processes it spawns
+    (the environment variable, inherited by the raylet and so by every worker). A node IP
+    other than the loopback afterwards is refused rather than left listening."""
+    import ray
+    from ray._private import ray_constants
+
+    before_const = getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
+    before_env = os.environ.get(_RAY_CLUSTERS_ENV)
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    os.environ[_RAY_CLUSTERS_ENV] = "0"
+    try:
+        ray.init(**local_ray_kwargs(num_cpus, object_store_memory, runtime_env))
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = before_const
+        if before_env is None:
+            os.environ.pop(_RAY_CLUSTERS_ENV, None)
+        else:
+            os.environ[_RAY_CLUSTERS_ENV] = before_env
+    ip = ray.util.get_node_ip_address()
+    if ip != LOOPBACK:
+        ray.shutdown()
+        raise RuntimeError(f"the local Ray node came up on {ip}, not {LOOPBACK}: refusing to "
+                           "leave it listening beyond this machine")
+
+
 class RayExecutor(_Closing):
     """Runs jobs on `num_actors` Ray actors, each with its own backend built from `backend`.
 
@@ -370,16 +420,14 @@ class RayExecutor(_Closing):
         self._started = False
         if not ray.is_initialized():
             address = address or os.environ.get("RAY_ADDRESS")
-            kwargs: dict[str, Any] = dict(include_dashboard=False, runtime_env=runtime_env,
-                                          log_to_driver=False)
-            if address:
-                kwargs["address"] = address  # an existing cluster sizes itself
-            else:
-                kwargs.update(address="local", num_cpus=num_cpus or max(1, int(num_actors *
-                                                                              cpus_per_actor)),
-                              object_store_memory=object_store_memory)
             try:
-                ray.init(**kwargs)
+                if address:  # an existing cluster sizes itself and chose its own interfaces
+                    ray.init(address=address, include_dashboard=False, runtime_env=runtime_env,
+                             log_to_driver=False)
+                else:
+                    start_local_ray(num_cpus or max(1, int(num_actors * cpus_per_actor)),
+                                    object_store_memory=object_store_memory,
+                                    runtime_env=runtime_env)
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 raise CoevoError(f"ray executor: cannot start or join Ray "
                                  f"(address={address or 'local'}): {exc}") from None

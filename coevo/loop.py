@@ -110,7 +110,7 @@ def build_parts(cfg: RunConfig) -> Parts:
     if model is None or tok is None:
         raise CoevoError(f"model.backend: {cfg.model.backend!r} has no local weights to train; "
                          "use an hf or embedded backend, or mode harness-only")
-    trainer = Trainer(model, cfg.rl.train, base_model=cfg.model.backend)
+    trainer = Trainer(model, cfg.rl.train, base_model=cfg.model.backend, tokenizer=tok)
     return Parts(env=env, backend=live_policy(trainer, tok), proposers=proposers,
                  trainer=trainer, tokenizer=tok, live_eval=True, judge=judge)
 

@@ -22,7 +22,7 @@ import json
 import logging
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jsonschema
@@ -30,7 +30,8 @@ import jsonschema
 from coevo.envs.base import Response, Score, Task
 from coevo.errors import CoevoError
 from coevo.models.base import Request, Sampling
-from coevo.registry import import_dotted
+from coevo import linear_regex
+from coevo.checks import resolve_check
 from coevo.trajectory import ToolCall
 
 log = logging.getLogger(__name__)
@@ -59,8 +60,8 @@ def regex_reward(text: str, pattern: str, must_match: bool = True,
     >>> regex_reward("I cannot help with that.", r"cannot help", must_match=False)
     0.0
     """
-    found = re.search(pattern, text or "", re.IGNORECASE if ignore_case else 0) is not None
-    return float(found == must_match)
+    # RE2, not `re`: the pattern may come from a proposal, and RE2 matches in linear time.
+    return float(linear_regex.search(pattern, text or "", ignore_case) == must_match)
 
 
 def parse_json_value(text: str) -> Any:
@@ -156,30 +157,25 @@ def tool_called_reward(calls: Sequence[ToolCall], offered: Sequence[dict[str, An
     return score
 
 
-def resolve_callable(ref: str) -> Callable[..., Any]:
-    """"pkg.module:func" (func may be dotted: "pkg.mod:Class.method") -> the callable.
-
-    >>> resolve_callable("math:sqrt")(9.0)
-    3.0
-    """
-    module_name, _, attr = ref.partition(":")
-    try:
-        return import_dotted(module_name, attr, f"python criterion {ref!r}")
-    except ImportError as exc:
-        raise CoevoError(f"python criterion {ref!r}: cannot import {module_name!r}: {exc}") from None
-
-
 def python_reward(ref: str, task: Task, response: Response, score: Score,
                   trajectory: Any = None, kwargs: dict[str, Any] | None = None) -> float | None:
-    """Call `ref` with (task, response, score[, trajectory=...], **kwargs); a number in
-    [0, 1] (bools count), None = missing. An exception inside the check is missing data
-    (logged), since it says nothing about the agent; a bad reference is a config error.
+    """Call the registered check `ref` (coevo.checks) with (task, response, score[,
+    trajectory=...], **kwargs); a number in [0, 1] (bools count), None = missing. An exception
+    inside the check is missing data (logged), since it says nothing about the agent; so is a
+    check that is not registered or cannot be imported (logged once): loading and proposal
+    checks refuse those, and one that slipped through must not stop a run or its resume.
 
-    >>> python_reward("coevo.rewards:_example_check", Task(id="t", env="e", messages=[]),
+    >>> python_reward("coevo.checks:answer_is_number", Task(id="t", env="e", messages=[]),
     ...               Response(text="42"), Score(outcome=1.0, success=True))
     1.0
     """
-    fn = resolve_callable(ref)
+    try:
+        fn = resolve_check(ref)
+    except CoevoError as exc:
+        if ref not in _WARNED:
+            _WARNED.add(ref)
+            log.warning("python criterion scored as missing: %s", exc)
+        return None
     extra = dict(kwargs or {})
     try:
         params = inspect.signature(fn).parameters
@@ -200,9 +196,7 @@ def python_reward(ref: str, task: Task, response: Response, score: Score,
     return _unit(value)
 
 
-def _example_check(task: Task, response: Response, score: Score) -> bool:
-    """For the doctest above: pays when the answer is a number."""
-    return response.text.strip().lstrip("-").replace(".", "", 1).isdigit()
+_WARNED: set[str] = set()  # checks already reported as unusable
 
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")

@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from coevo.models.constrain import Constraint
+
 
 class ToolCall(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -31,8 +33,20 @@ class ToolResult(BaseModel):
     seconds: float = 0.0
 
 
+class TurnSampling(BaseModel):
+    """The settings that shaped the distribution a turn's tokens were drawn from (with the
+    turn's `constraint`, everything the trainer needs to recompute their log-probabilities)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+
 class Turn(BaseModel):
-    """One policy step. `start:end` is the span of its sampled tokens inside `token_ids`."""
+    """One policy step. `start:end` is the span of its sampled tokens inside `token_ids`.
+    `sampling` and `constraint` say how they were sampled; trajectories stored before these
+    fields existed read as None: the raw distribution, unconstrained."""
 
     model_config = ConfigDict(extra="forbid")
     index: int
@@ -44,6 +58,8 @@ class Turn(BaseModel):
     tool_results: list[ToolResult] = Field(default_factory=list)
     parse_error: str | None = None
     seconds: float = 0.0
+    sampling: TurnSampling | None = None
+    constraint: Constraint | None = None
 
 
 Status = Literal["ok", "infra_error"]

@@ -61,3 +61,27 @@ def db_url(request, tmp_path):
     with admin.connect() as c:
         c.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
     admin.dispose()
+
+
+@pytest.fixture
+def bwrap():
+    """The `bwrap` sandbox, usable here. A machine without it skips the test; CI installs it
+    (.ci/run), so there its absence is an error, not a skip."""
+    from coevo.sandbox import SANDBOXES
+
+    sandbox = SANDBOXES.get("bwrap")
+    problem = sandbox.problem()
+    if problem is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must provide bubblewrap (.ci/run installs it): {problem}")
+        pytest.skip(problem)
+    return sandbox
+
+
+@pytest.fixture(scope="session")
+def review_store(tmp_path_factory):
+    """(SQLite URL, proposal ids by name) of the reviewer app's test store: real scripted runs
+    (tests/serve_glue.py), built once for test_serve.py and test_serve_browser.py."""
+    import serve_glue
+
+    return serve_glue.build_store(tmp_path_factory.mktemp("review") / "review.db")

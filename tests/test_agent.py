@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
+import time
+from pathlib import Path
 
 import pytest
 
@@ -109,14 +112,47 @@ def _run(call, timeout=2.0):
     return asyncio.run(execute(call, resolve_tools(["calculator", "python"]), timeout))
 
 
-def test_calculator_and_python_tools_compute():
+def test_calculator_and_python_tools_compute(bwrap):
     r = _run(ToolCall(name="calculator", arguments={"expression": "2 * (3 + 4) ** 2"}))
     assert (r.content, r.error) == ("98", None)
     r = _run(ToolCall(name="python", arguments={"code": "print(sum(range(101)))"}))
     assert (r.content.strip(), r.error) == ("5050", None)
 
 
-def test_tool_failures_become_observations():
+def _running_children(word: str) -> list[int]:
+    """Child processes of this one whose command line has `word` and that are on a CPU."""
+    out = []
+    for d in Path("/proc").iterdir():
+        try:
+            stat = (d / "stat").read_text()
+            cmd = (d / "cmdline").read_bytes().decode(errors="replace")
+        except (OSError, ValueError):
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[1]) == os.getpid() and fields[0] == "R" and word in cmd:
+            out.append(int(d.name))
+    return out
+
+
+def test_calculator_timeout_stops_the_computation():
+    """factorial(10**6) takes about 7 s: a 1 s timeout must stop it, not leave it running (the
+    tool used to compute in a thread, which went on, and held the episode's end)."""
+    t0 = time.perf_counter()
+    r = _run(ToolCall(name="calculator", arguments={"expression": "factorial(10**6)"}), timeout=1.0)
+    wall = time.perf_counter() - t0
+    assert r.error == "timeout: calculator: no result within 1s" and wall < 3.0
+    cpu = time.process_time()
+    time.sleep(1.0)
+    assert time.process_time() - cpu < 0.3  # no thread of ours still computing
+    assert _running_children("calculator") == []  # and no worker either
+    # the pool replaces the killed worker; errors come back as observations
+    r = _run(ToolCall(name="calculator", arguments={"expression": "2 ** 10 + factorial(5)"}))
+    assert (r.content, r.error) == ("1144", None)
+    r = _run(ToolCall(name="calculator", arguments={"expression": "1 / 0"}))
+    assert r.error == "division by zero"
+
+
+def test_tool_failures_become_observations(bwrap):
     r = _run(ToolCall(name="python", arguments={"code": "import time\ntime.sleep(30)"}),
              timeout=0.5)
     assert r.error.startswith("timeout") and r.seconds < 5
@@ -230,7 +266,7 @@ def test_multi_turn_episode_masks_and_scores():
     assert traj.harness == weather_harness().hash and traj.model == "scripted"
 
 
-def test_tool_timeout_exception_and_unknown_tool_become_observations():
+def test_tool_timeout_exception_and_unknown_tool_become_observations(bwrap):
     env, tok = WeatherEnv(), tiny_tokenizer()
     harness = weather_harness(
         tools=[{"function": {"name": "python", "description": "run code", "parameters": {

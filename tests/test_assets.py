@@ -69,8 +69,8 @@ def test_seed_assets_load(seeds):
     kinds = {}
     for a in seeds:
         kinds.setdefault(a.kind, set()).add(a.name)
-    assert kinds["harness"] == {"function_calling", "reasoning"}
-    assert kinds["rubric"] == {"function_calling", "reasoning"}
+    pairs = {"function_calling", "function_calling_constrained", "reasoning"}
+    assert kinds["harness"] == pairs and kinds["rubric"] == pairs  # rubrics named like harnesses
     assert {"function-call-format", "argument-extraction", "arithmetic-checking"} <= kinds["skill"]
     assert kinds["skill_library"] == {"seed"}
     lib = by_name(seeds, "skill_library", "seed")
@@ -103,11 +103,11 @@ def test_seed_harnesses(seeds):
     demo_answer = rs.demos[0].messages[-1].content
     assert ex.extract(demo_answer) == "33"
     rubric = by_name(seeds, "rubric", "reasoning")
-    import re
+    from coevo.rewards import regex_reward  # what scores them: RE2 (`\Z` translated)
 
     line = rubric.criterion("answer_line").params.pattern
-    assert re.search(line, demo_answer)
-    assert re.search(rubric.criterion("numeric_answer").params.pattern, "33")
+    assert regex_reward(demo_answer, line) == 1.0 and regex_reward(demo_answer + "\nmore", line) == 0.0
+    assert regex_reward("33", rubric.criterion("numeric_answer").params.pattern) == 1.0
 
 
 # -- round trips ---------------------------------------------------------------------------
@@ -268,7 +268,8 @@ def test_sampling_mirrors_decoding(seeds):
     s = h.sampling(seed=7)
     assert isinstance(s, Sampling)
     assert (s.temperature, s.top_p, s.top_k, s.max_new_tokens, s.seed) == (0.7, 0.95, 40, 96, 7)
-    assert set(Sampling.model_fields) - {"seed"} == set(type(h.decoding).model_fields)
+    # Decoding is Sampling minus the per-request seed, plus the grammar (travels on Request).
+    assert set(Sampling.model_fields) - {"seed"} == set(type(h.decoding).model_fields) - {"constrain"}
 
 
 def test_demo_messages_flatten_in_order(seeds):
@@ -334,7 +335,7 @@ criteria:
     kind: json_schema
     params: {json_schema: {type: object, required: [x]}}
   - {id: named, kind: tool_called, params: {name: calculator, args_match: true}}
-  - {id: custom, kind: python, params: {callable: "my_pkg.checks:score", kwargs: {k: 1}}}
+  - {id: custom, kind: python, params: {callable: "coevo.checks:answer_is_number", kwargs: {k: 1}}}
   - {id: judge, kind: llm_judge, weight: 0.0, params: {question: "Is the answer polite?", scale: 10}}
 """
     r = parse_asset(text, "rubrics/all-kinds.yaml")

@@ -3,7 +3,10 @@ that must give the same trajectories as the local executor on a tiny model saved
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -97,6 +100,48 @@ def _comparable(t):
             t.answer, t.status, t.harness, t.group_id)
 
 
+def listening_addresses(root: int) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    """Local addresses of the TCP sockets in LISTEN state held by process `root` or any of
+    its descendants, read from /proc (what `ss -ltnp` shows, without needing iproute2)."""
+    parent: dict[int, int] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                parent[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    pids, frontier = {root}, [root]
+    while frontier:
+        kids = [p for p, pp in parent.items() if pp in frontier and p not in pids]
+        pids.update(kids)
+        frontier = kids
+    inodes = set()
+    for pid in pids:
+        try:
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                link = os.readlink(fd)
+                if link.startswith("socket:["):
+                    inodes.add(link[8:-1])
+        except OSError:
+            continue
+    out = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            f = line.split()
+            if f[3] != "0A" or f[9] not in inodes:  # 0A = LISTEN
+                continue
+            raw = bytes.fromhex(f[1].split(":")[0])
+            # the kernel prints each 32-bit word in host (little-endian) order
+            words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+            out.append(ipaddress.ip_address(words))
+    return out
+
+
+def _loopback(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return ip.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
 def test_ray_executor_matches_local_executor(tmp_path):
     import ray
     import ray.cloudpickle
@@ -115,6 +160,11 @@ def test_ray_executor_matches_local_executor(tmp_path):
                        object_store_memory=80 * 1024 * 1024)
     try:
         assert ray.is_initialized() and len(ex.models) == 2
+        # The local Ray (GCS, raylet, this driver's and both actors' gRPC servers) listens on
+        # the loopback only: by default it listened on every interface.
+        listening = listening_addresses(os.getpid())
+        assert len(listening) >= 5 and [ip for ip in listening if not _loopback(ip)] == []
+        assert ray.util.get_node_ip_address() == "127.0.0.1"
         remote = ex.run(job)
         assert len(remote) == len(local) == 15
         assert [_comparable(t) for t in remote] == [_comparable(t) for t in local]

@@ -1,13 +1,11 @@
 """Model backends: the HF sampling loop against a tiny random Llama built here (no downloads),
-the OpenAI-compatible client against a loopback server started here, the registry, the
-scripted stand-in, and (slow) the embedded SmolLM2."""
+the registry, the scripted stand-in, and (slow) the embedded SmolLM2. The OpenAI-compatible
+client, vLLM and llama.cpp have their own files (test_openai.py, test_vllm.py,
+test_llamacpp.py)."""
 
 from __future__ import annotations
 
-import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import torch
@@ -16,7 +14,6 @@ from coevo.errors import CoevoError
 from coevo.models import load_backend
 from coevo.models.base import Backend, Completion, Request, Sampling
 from coevo.models.hf import HFBackend, first_stop, sample_seed
-from coevo.models.openai import OpenAIBackend
 from coevo.models.scripted import ScriptedBackend
 from coevo.registry import UnknownName
 
@@ -128,19 +125,54 @@ def test_hf_backend_satisfies_protocol_and_shapes(backend):
     assert backend.tokenizer.decode(out[0][0].prompt_ids).endswith("<|im_start|>assistant\n")
 
 
-def test_logprobs_equal_full_forward_raw_distribution(backend):
-    # Sampling is tempered and top-k filtered, but the reported logprob is the raw one.
+def sampled_reference(logits: torch.Tensor, ids: list[int], temperature: float, top_k: int,
+                      top_p: float) -> torch.Tensor:
+    """An independent, position-by-position statement of the distribution a token is drawn
+    from (temperature, then top-k, then the nucleus) and the token's log-probability under it."""
+    out = []
+    for row, tok in zip(logits, ids):
+        x = row / (temperature if temperature > 0 else 1.0)
+        order = sorted(range(len(x)), key=lambda i: -float(x[i]))
+        keep = order[:top_k] if top_k else order
+        if top_p < 1.0:
+            probs = torch.softmax(x[keep], -1).tolist()
+            mass, nucleus = 0.0, []
+            for i, p in zip(keep, probs):
+                if mass >= top_p:
+                    break
+                nucleus.append(i)
+                mass += p
+            keep = nucleus
+        assert tok in keep, "a sampled token outside the support"
+        out.append(float(x[tok] - torch.logsumexp(x[keep], -1)))
+    return torch.tensor(out)
+
+
+def full_forward_logits(b, prompt: list[int], ids: list[int]) -> torch.Tensor:
+    seq = torch.tensor([prompt + ids])
+    with torch.no_grad():
+        logits = b.model(input_ids=seq).logits[0].float()
+    n = len(prompt)
+    return logits[n - 1 : n - 1 + len(ids)]
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(0.7, 20, 0.9), (1.3, 0, 1.0),
+                                                     (0.5, 0, 0.8), (1.0, 5, 1.0)])
+def test_logprobs_are_those_of_the_sampled_distribution(backend, temperature, top_k, top_p):
+    # The stored behaviour log-prob is the sampled token's log-probability under the tempered,
+    # top-k / top-p filtered distribution it was drawn from (not the raw one): the quantity
+    # the trainer recomputes, so the first update's importance ratio is exactly 1.
     req = Request(prompt_ids=backend.tokenizer.encode("call get_weather with"), n=4,
-                  sampling=Sampling(temperature=0.7, top_k=20, top_p=0.9, max_new_tokens=16,
-                                    seed=11))
-    short = Request(prompt_ids=[3, 4], sampling=Sampling(temperature=1.3, max_new_tokens=10,
-                                                          seed=5))
-    out = backend.generate([req, short])
-    for group, r in zip(out, [req, short]):
-        for c in group:
-            ref = full_forward_logprobs(backend, r.prompt_ids, c.token_ids)
-            torch.testing.assert_close(torch.tensor(c.logprobs), ref, atol=1e-4, rtol=0)
-    assert len({tuple(c.token_ids) for c in out[0]}) > 1  # the 4 samples are not clones
+                  sampling=Sampling(temperature=temperature, top_k=top_k, top_p=top_p,
+                                    max_new_tokens=16, seed=11))
+    [group] = backend.generate([req])
+    for c in group:
+        logits = full_forward_logits(backend, req.prompt_ids, c.token_ids)
+        ref = sampled_reference(logits, c.token_ids, temperature, top_k, top_p)
+        torch.testing.assert_close(torch.tensor(c.logprobs), ref, atol=1e-5, rtol=0)
+        raw = torch.log_softmax(logits, -1).gather(1, torch.tensor(c.token_ids)[:, None])[:, 0]
+        assert (torch.tensor(c.logprobs) - raw).abs().max() > 1e-3  # not the raw distribution
+    assert len({tuple(c.token_ids) for c in group}) > 1  # the 4 samples are not clones
 
 
 def test_shared_prefill_equals_separate_prefills(tiny_dir, backend):
@@ -400,132 +432,6 @@ def test_scripted_backend_without_tokenizer_is_untrainable():
     out = s.generate([chat("a"), chat("b")])
     assert [c[0].text for c in out] == ["reply 0", "reply 1"]
     assert not out[0][0].trainable and out[0][0].token_ids == []
-
-
-# -- OpenAI-compatible backend against a loopback server --------------------------------
-
-
-class _Server:
-    """A tiny OpenAI-compatible server on 127.0.0.1 with two personalities: 'vllm' returns
-    token ids (return_tokens_as_token_ids) and prompt_token_ids; 'plain' returns text only."""
-
-    def __init__(self):
-        self.seen: list[dict] = []
-        self.headers: list[dict] = []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):  # keep pytest output clean
-                pass
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.seen.append({"path": self.path, **body})
-                outer.headers.append(dict(self.headers))
-                model = body.get("model")
-                if model == "slow":
-                    time.sleep(1.0)
-                if model == "broken":
-                    self.send_response(500)
-                    self.end_headers()
-                    self.wfile.write(b'{"error": {"message": "engine died"}}')
-                    return
-                n = body.get("n", 1)
-                choices = []
-                for i in range(n):
-                    c: dict = {"index": i, "finish_reason": "length" if i else "stop"}
-                    if self.path.endswith("/chat/completions"):
-                        c["message"] = {"role": "assistant", "content": f"hello {i}"}
-                    else:
-                        c["text"] = f"hello {i}"
-                    if model == "vllm":
-                        toks = [{"token": f"token_id:{100 + i}", "logprob": -0.5},
-                                {"token": f"token_id:{200 + i}", "logprob": -1.25}]
-                        if self.path.endswith("/chat/completions"):
-                            c["logprobs"] = {"content": toks}
-                        else:
-                            c["logprobs"] = {"tokens": [t["token"] for t in toks],
-                                             "token_logprobs": [t["logprob"] for t in toks]}
-                    choices.append(c)
-                resp: dict = {"id": "x", "object": "chat.completion", "choices": choices}
-                if model == "vllm":
-                    resp["prompt_token_ids"] = [1, 2, 3]
-                data = json.dumps(resp).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
-@pytest.fixture()
-def server():
-    s = _Server()
-    yield s
-    s.close()
-
-
-def test_openai_vllm_shape_gives_trainable_token_ids(server, monkeypatch):
-    monkeypatch.setenv("MY_KEY", "sekrit")
-    b = load_backend(f"openai:{server.url}", model="vllm", api_key_env="MY_KEY")
-    out = b.generate([chat("hi", temperature=0.5, max_new_tokens=9, stop=["\n"], seed=3,
-                           top_k=5)])
-    out[0]  # one request
-    c = out[0][0]
-    assert c.text == "hello 0" and c.token_ids == [100, 200] and c.logprobs == [-0.5, -1.25]
-    assert c.prompt_ids == [1, 2, 3] and c.trainable and c.finish_reason == "stop"
-    sent = server.seen[0]
-    assert sent["path"] == "/v1/chat/completions"
-    assert sent["logprobs"] is True and sent["return_tokens_as_token_ids"] is True
-    assert sent["max_tokens"] == 9 and sent["stop"] == ["\n"] and sent["seed"] == 3
-    assert sent["top_k"] == 5 and sent["temperature"] == 0.5
-    assert server.headers[0]["Authorization"] == "Bearer sekrit"
-
-
-def test_openai_n_samples_and_prompt_ids_route(server):
-    b = OpenAIBackend(server.url, model="vllm")
-    out = b.generate([Request(prompt_ids=[9, 8, 7], n=2, sampling=Sampling(max_new_tokens=4))])
-    assert [c.token_ids for c in out[0]] == [[100, 200], [101, 201]]
-    assert [c.finish_reason for c in out[0]] == ["stop", "length"]
-    assert server.seen[0]["path"] == "/v1/completions"
-    assert server.seen[0]["prompt"] == [9, 8, 7] and server.seen[0]["n"] == 2
-    assert out[0][0].prompt_ids == [9, 8, 7]
-
-
-def test_openai_plain_shape_is_untrainable(server):
-    b = OpenAIBackend(server.url, model="plain")
-    c = b.generate([chat("hi")])[0][0]
-    assert c.text == "hello 0" and not c.trainable and c.token_ids == []
-    assert c.finish_reason == "stop" and c.error is None
-
-
-def test_openai_http_error_and_timeout_are_error_completions(server):
-    broken = OpenAIBackend(server.url, model="broken", retries=0)
-    c = broken.generate([chat("hi")])[0]
-    assert len(c) == 1 and c[0].finish_reason == "error" and "500" in c[0].error
-    slow = OpenAIBackend(server.url, model="slow", timeout=0.2, retries=0)
-    t = time.perf_counter()
-    c = slow.generate([Request(messages=[{"role": "user", "content": "x"}], n=2)])[0]
-    assert time.perf_counter() - t < 0.9
-    assert [x.finish_reason for x in c] == ["error", "error"]
-    assert "timed out" in c[0].error.lower() or "timeout" in c[0].error.lower()
-    dead = OpenAIBackend("http://127.0.0.1:9/v1", model="x", retries=0, timeout=1.0)
-    assert dead.generate([chat("x")])[0][0].finish_reason == "error"
-
-
-def test_openai_missing_key_env_is_a_clear_error(server, monkeypatch):
-    monkeypatch.delenv("NOPE_KEY", raising=False)
-    with pytest.raises(CoevoError, match="NOPE_KEY"):
-        OpenAIBackend(server.url, model="plain", api_key_env="NOPE_KEY")
 
 
 # -- embedded (real model) ----------------------------------------------------------------

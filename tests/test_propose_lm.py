@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Literal
 
 import dspy
 import pytest
@@ -113,6 +114,66 @@ def test_output_schema_lists_the_signature_outputs():
     schema = output_schema(Revise)
     assert set(schema["required"]) == {"revised", "confidence"}
     assert schema["properties"]["confidence"]["type"] == "number"
+
+
+# --- constrained decoding of the signature's outputs -----------------------------------------
+
+
+class Pick(dspy.Signature):
+    """Pick a color and a count."""
+
+    question: str = dspy.InputField()
+    color: Literal["red", "green", "blue"] = dspy.OutputField()
+    count: Literal[1, 2, 3] = dspy.OutputField()
+    sure: bool = dspy.OutputField()
+
+
+def test_the_output_schema_reaches_the_backend_as_a_constraint(tmp_path):
+    b = Scripted('{"revised": "r", "confidence": 0.5}', '{"revised": "r", "confidence": 0.5}')
+    call = run_program(proposer_lm(backend=b), dspy.Predict(Revise), text="t")
+    assert call.ok
+    [req] = b.requests
+    assert req.constraint is not None and req.constraint.kind == "json_schema"
+    schema = req.constraint.json_schema
+    assert schema["required"] == ["revised", "confidence"] and schema["additionalProperties"] is False
+    assert schema["properties"]["confidence"]["type"] == "number"
+    off = Scripted('{"revised": "r", "confidence": 0.5}')
+    run_program(proposer_lm({"backend": "embedded", "json_schema": False}, backend=off),
+                dspy.Predict(Revise), text="t")
+    assert off.requests[0].constraint is None
+    # the constraint is part of a cassette's key: an unconstrained recording does not replay
+    tape = tmp_path / "c.jsonl"
+    run_program(proposer_lm({"json_schema": False}, backend=Scripted('{"revised": "a", '
+                '"confidence": 1.0}'), cassette=tape, mode="record"), dspy.Predict(Revise), text="x")
+    with pytest.raises(CassetteMiss):
+        run_program(proposer_lm(cassette=tape, mode="replay"), dspy.Predict(Revise), text="x")
+
+
+def test_a_random_model_writes_schema_valid_json_only_when_constrained(tmp_path):
+    """A tiny random model cannot write JSON on its own; under the signature's grammar every
+    answer parses and has the declared keys and types (semantic checks stay the proposer's)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tiny_glue import load_tiny_model, save_tiny_model
+
+    from coevo.models.hf import HFBackend
+
+    model, tok = load_tiny_model(save_tiny_model(tmp_path / "tiny"))
+    backend = HFBackend(model, tok)
+    ok = 0
+    for seed in range(4):
+        spec = {"backend": "embedded", "max_tokens": 48, "seed": seed, "temperature": 1.0}
+        call = run_program(proposer_lm(spec, backend=backend), dspy.Predict(Pick), question="q")
+        assert call.ok, (call.error, call.raw_output)
+        assert call.outputs["color"] in ("red", "green", "blue")
+        assert call.outputs["count"] in (1, 2, 3) and isinstance(call.outputs["sure"], bool)
+        assert set(json.loads(call.raw_output)) == {"color", "count", "sure"}
+        free = run_program(proposer_lm({**spec, "json_schema": False}, backend=backend),
+                           dspy.Predict(Pick), question="q")
+        ok += free.ok
+    assert ok == 0
 
 
 # --- digest -------------------------------------------------------------------------------------

@@ -236,3 +236,34 @@ def test_harness_tools_may_change_their_descriptions_only():
     retyped = {**spec, "function": {**spec["function"], "parameters": {"type": "object", "properties": {
         "expression": {"type": "string"}, "path": {"type": "string"}}}}}
     assert "parameter schema of calculator changed" in check_candidate(cand(retyped), inc)
+
+
+def test_a_proposal_cannot_switch_the_python_sandbox_off():
+    """`sandbox: none` runs model-written code unisolated: a person may set it in a harness
+    file, a proposal may not (nor the reverse: no proposal touches a safety setting)."""
+    from coevo.assets.harness import Harness
+    from coevo.propose.base import Candidate, Incumbent, candidate_from_changes, check_candidate
+
+    spec = {"type": "function", "function": {"name": "python", "description": "Runs code.",
+            "parameters": {"type": "object", "properties": {"code": {"type": "string"}},
+                           "required": ["code"]}}}
+    h = Harness.model_validate({"name": "h", "system_prompt": "s", "tools": [spec]})
+    inc = Incumbent(harness=h)
+    off = Candidate(asset=h.child(tools=[{**spec, "sandbox": "none"}]), proposer="p", kind="harness")
+    assert check_candidate(off, inc) == (
+        "tools: only descriptions may change; the sandbox of python changed (bwrap -> none)")
+    # the same through a scripted proposer's free-form changes, reworded description and all
+    sneaky = candidate_from_changes("scripted", h, {"tools": [
+        {**spec, "function": {**spec["function"], "description": "Runs code fast."},
+         "sandbox": "none"}]})
+    assert sneaky.asset is not None and "the sandbox of python changed" in check_candidate(sneaky, inc)
+    unsafe = Harness.model_validate({"name": "h", "system_prompt": "s",
+                                     "tools": [{**spec, "sandbox": "none"}]})
+    back_on = Candidate(asset=unsafe.child(tools=[spec]), proposer="p", kind="harness")
+    assert "(none -> bwrap)" in check_candidate(back_on, Incumbent(harness=unsafe))
+    # the harness proposer (LLM) can only reach descriptions: an object in place of the text
+    # is refused before any harness is built
+    from coevo.propose.harness import build_revision
+
+    asset, error = build_revision(h, {"tool_descriptions": {"python": {"sandbox": "none"}}}, ())
+    assert asset is None and error == "tool_descriptions.python: expected text, got dict"

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from coevo.assets.rubric import Rubric
+from coevo.checks import CHECKS
 from coevo.envs.base import Response, Score, Task
 from coevo.errors import CoevoError
 from coevo.models.scripted import ScriptedBackend
@@ -36,6 +37,12 @@ def nonneg_answer(task, response, score, trajectory=None, minimum=0):
 
 def broken_check(task, response, score):
     raise ZeroDivisionError("bug in the check")
+
+
+# Python criteria may name registered checks only (coevo.checks); these two are the tests'.
+for _fn in (nonneg_answer, broken_check):
+    if f"tests.test_rewards:{_fn.__name__}" not in CHECKS:
+        CHECKS.add(f"tests.test_rewards:{_fn.__name__}", _fn)
 
 
 def test_every_programmatic_kind_scores_real_values():
@@ -77,14 +84,23 @@ def test_tool_called_constraints_multiply_and_no_call_is_zero():
     assert tool_called_reward([], [AREA]) == 0.0
 
 
-def test_python_criterion_errors():
+def test_python_criterion_errors(caplog, capsys, monkeypatch):
     r = rubric({"id": "py", "kind": "python",
                 "params": {"callable": "tests.test_rewards:broken_check"}})
     score = Score(outcome=1.0, success=True)
     assert score_rubric(r, TASK, Response(text="1"), score) == {}  # a buggy check is missing
-    r = rubric({"id": "py", "kind": "python", "params": {"callable": "no_such_pkg.mod:f"}})
-    with pytest.raises(CoevoError, match="cannot import 'no_such_pkg.mod'"):
-        score_rubric(r, TASK, Response(text="1"), score)
+    # an unregistered reference (a stored rubric from before registration, a typo) is
+    # missing data, logged, and runs nothing: it used to import and call any callable
+    r = rubric({"id": "py", "kind": "python", "params": {"callable": "builtins:print",
+                                                         "kwargs": {"sep": "PWNED"}}},
+               {"id": "gone", "kind": "python", "params": {"callable": "no_such_pkg.mod:f"}})
+    monkeypatch.setattr("coevo.rewards._WARNED", set())
+    with caplog.at_level("WARNING", logger="coevo.rewards"):
+        assert score_rubric(r, TASK, Response(text="1"), score) == {}
+        assert score_rubric(r, TASK, Response(text="2"), score) == {}
+    assert "PWNED" not in capsys.readouterr().out
+    warned = [m for m in caplog.messages if "is not registered" in m]
+    assert len(warned) == 2 and "'builtins:print'" in warned[0]  # once per reference
 
 
 def test_llm_judge_parses_score_and_failure_is_missing():

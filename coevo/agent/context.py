@@ -24,6 +24,7 @@ from typing import Any
 
 from coevo.errors import CoevoError
 from coevo.models.base import Completion, Request, Sampling, Tokenizer
+from coevo.models.constrain import Constraint
 
 # A string no model output or template contains: it locates where a template puts the assistant
 # content, so the text after it is the template's end-of-turn closing.
@@ -83,12 +84,13 @@ class TokenSequence:
         self.mask.extend([1 if sampled else 0] * len(ids))
         self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
 
-    def request(self, sampling: Sampling) -> Request:
+    def request(self, sampling: Sampling, constraint: Constraint | None = None) -> Request:
         """The next policy request: the token sequence so far (or the messages, text-only)."""
         self.flush()
         if self.tokenizer is None:
-            return Request(messages=list(self.messages), tools=self.tools, sampling=sampling)
-        return Request(prompt_ids=list(self.ids), sampling=sampling)
+            return Request(messages=list(self.messages), tools=self.tools, sampling=sampling,
+                           constraint=constraint)
+        return Request(prompt_ids=list(self.ids), sampling=sampling, constraint=constraint)
 
     def add_completion(self, completion: Completion) -> tuple[int, int]:
         """Append a sampled completion; returns the (start, end) span of its ids."""

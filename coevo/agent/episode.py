@@ -32,7 +32,6 @@ from coevo.envs.base import Environment, Task
 from coevo.errors import CoevoError, InfraError
 from coevo.models.base import Backend, Completion, Request
 from coevo.models.batching import DynamicBatcher
-from coevo.registry import UnknownName
 from coevo.rewards import ascore_rubric, reward
 from coevo.trajectory import Trajectory
 
@@ -76,8 +75,9 @@ def build_messages(harness: Harness, task: Task, active_skills: list[Any]) -> li
 def harness_tools(harness: Harness) -> dict[str, Tool]:
     """The implementations of the harness's own tools (agent/tools.py registry)."""
     try:
-        return resolve_tools([t.function.name for t in harness.tools])
-    except UnknownName as exc:
+        return resolve_tools([t.function.name for t in harness.tools],
+                             {t.function.name: t.sandbox for t in harness.tools})
+    except CoevoError as exc:  # an unknown tool, a sandbox setting on a tool without code
         raise CoevoError(f"harness {harness.name!r}: tools: {exc}") from None
 
 
@@ -126,7 +126,8 @@ async def run_episode(env: Environment, task: Task, harness: Harness, *, generat
         env=env, task=task, seq=seq, generate=generate, sampling=harness.sampling(seed),
         tool_format=harness.tool_format, max_turns=1 if env.single_turn else wf.max_turns,
         extract=wf.answer_extraction.extract, reflection_prompt=wf.reflection_prompt,
-        tools=own_tools, env_state=state, tool_timeout=tool_timeout)
+        tools=own_tools, env_state=state, tool_timeout=tool_timeout,
+        constrain=harness.constraint if harness.decoding.constrain.mode != "none" else None)
     try:
         await run_graph(ep, reflect_on_tool_error=wf.reflect_on_tool_error)
     except ContextError as exc:  # the template cannot continue this conversation

@@ -39,7 +39,8 @@ from coevo.agent.tools import Tool, execute, function_name
 from coevo.envs.base import Environment, Response, Task
 from coevo.envs.callparse import parse_tool_calls
 from coevo.models.base import Completion, Request, Sampling
-from coevo.trajectory import ToolCall, ToolResult, Turn
+from coevo.models.constrain import Constraint, UnsupportedConstraint
+from coevo.trajectory import ToolCall, ToolResult, Turn, TurnSampling
 
 Generate = Callable[[Request], Awaitable[Completion]]
 
@@ -64,6 +65,8 @@ class EpisodeContext:
     tools: dict[str, Tool] = field(default_factory=dict)  # the harness's own tools
     env_state: Any = None
     tool_timeout: float = 5.0
+    # The grammar of a turn offering these tool specs (None: free text); see Harness.constraint.
+    constrain: Callable[[list[dict[str, Any]]], Constraint | None] | None = None
     turns: list[Turn] = field(default_factory=list)
     error: str | None = None  # set on a backend failure: the episode is infra_error
     response: Response | None = None
@@ -74,10 +77,13 @@ class EpisodeContext:
     pending_user: list[dict[str, Any]] = field(default_factory=list)
 
     @property
-    def env_functions(self) -> set[str]:
+    def env_specs(self) -> list[dict[str, Any]]:
         # Functions revealed mid-episode (BFCL miss_func) live on the environment's state.
-        specs = getattr(self.env_state, "tools", None) or self.task.tools
-        return {function_name(spec) for spec in specs}
+        return list(getattr(self.env_state, "tools", None) or self.task.tools)
+
+    @property
+    def env_functions(self) -> set[str]:
+        return {function_name(spec) for spec in self.env_specs}
 
 
 class GraphState(TypedDict):
@@ -89,7 +95,12 @@ class GraphState(TypedDict):
 # -- nodes ------------------------------------------------------------------------------------
 async def policy_node(state: GraphState, runtime: Runtime[EpisodeContext]) -> dict[str, Any]:
     ep = runtime.context
-    request = ep.seq.request(ep.sampling)
+    try:
+        constraint = ep.constrain(ep.env_specs) if ep.constrain is not None else None
+    except UnsupportedConstraint as exc:  # named, recorded; never sampled unconstrained
+        ep.error = f"constraint: {exc}"
+        return {"route": "finish", "turn": state["turn"] + 1}
+    request = ep.seq.request(ep.sampling, constraint)
     t0 = time.perf_counter()
     completion = await ep.generate(request)
     seconds = time.perf_counter() - t0
@@ -101,9 +112,12 @@ async def policy_node(state: GraphState, runtime: Runtime[EpisodeContext]) -> di
         ep.trainable = False
     start, end = ep.seq.add_completion(completion)
     parsed = parse_tool_calls(completion.text, ep.tool_format)
+    s = ep.sampling
     ep.turns.append(Turn(index=len(ep.turns), start=start, end=end, text=completion.text,
                          finish_reason=completion.finish_reason, tool_calls=parsed.calls,
-                         parse_error=parsed.error, seconds=seconds))
+                         parse_error=parsed.error, seconds=seconds, constraint=constraint,
+                         sampling=TurnSampling(temperature=s.temperature, top_k=s.top_k,
+                                               top_p=s.top_p)))
     turn = state["turn"] + 1
     attempted = bool(parsed.calls) or parsed.error is not None
     if ep.env.single_turn or turn >= ep.max_turns:

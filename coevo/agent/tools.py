@@ -2,9 +2,12 @@
 
 A harness may offer the policy tools of its own, e.g. a `calculator` or a `python` sandbox,
 next to the functions the task's environment offers. They are real tools: the calculator
-evaluates arithmetic over a whitelisted AST (no `eval`), and `python` runs code in a separate
-interpreter (`python -I`, an empty working folder, a clean environment) with a wall-clock
-timeout and rlimits on CPU time, address space, file size and process count.
+evaluates arithmetic over a whitelisted AST (no `eval`) in a worker process that is killed on
+timeout (coevo/agent/calculator.py), and `python` runs code in a fresh interpreter inside a
+sandbox (coevo/sandbox.py: bubblewrap, no network, a private tmpfs, read-only system folders,
+its own PID namespace killed as a whole on timeout, rlimits on CPU time, address space, file
+size and process count). Without a usable sandbox the `python` tool refuses to run code,
+unless the harness opted out with the unsafe `sandbox: none` on that tool.
 
 Every failure mode - unknown tool, arguments that do not match the tool's JSON schema, an
 exception in the tool, a timeout - is returned as a `ToolResult` with `error` set: an
@@ -13,22 +16,20 @@ observation the policy can react to, never an exception that ends the episode.
 
 from __future__ import annotations
 
-import ast
 import asyncio
 import math
-import operator
-import os
 import signal
-import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import jsonschema
 
+from coevo.agent.calculator import CalcError, WorkerPool
+from coevo.errors import CoevoError
 from coevo.registry import Registry
+from coevo.sandbox import DEFAULT_SANDBOX, SANDBOXES, Limits, Sandbox, SandboxTimeout, interpreter_paths
 from coevo.trajectory import ToolCall, ToolResult
 
 DEFAULT_TIMEOUT_S = 5.0
@@ -76,58 +77,6 @@ def _parameters(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 # -- calculator ------------------------------------------------------------------------------
-_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-           ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
-           ast.Pow: operator.pow}
-_UNOPS = {ast.UAdd: operator.pos, ast.USub: operator.neg}
-_FUNCS = {name: getattr(math, name) for name in (
-    "sqrt", "exp", "log", "log2", "log10", "sin", "cos", "tan", "asin", "acos", "atan",
-    "floor", "ceil", "factorial", "gcd", "comb", "perm", "hypot", "degrees", "radians")}
-_FUNCS.update(abs=abs, round=round, min=min, max=max)
-_CONSTS = {"pi": math.pi, "e": math.e, "tau": math.tau}
-
-
-def calculate(expression: str) -> float | int:
-    """Evaluate arithmetic without `eval`: numbers, + - * / // % **, math functions.
-
-    >>> calculate("2 * (3 + 4) ** 2")
-    98
-    >>> calculate("sqrt(16) + pi")
-    7.141592653589793
-    """
-    try:
-        tree = ast.parse(expression.strip(), mode="eval")
-    except SyntaxError as exc:
-        raise ToolFailure(f"not an arithmetic expression: {exc.msg}") from None
-    return _eval(tree.body)
-
-
-def _eval(node: ast.AST) -> Any:
-    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) \
-            and not isinstance(node.value, bool):
-        return node.value
-    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
-        left, right = _eval(node.left), _eval(node.right)
-        # 10**10**10 would hang the worker thread; cap the result size instead.
-        if isinstance(node.op, ast.Pow) and abs(right) > 1000 and abs(left) > 1:
-            raise ToolFailure("exponent too large")
-        try:
-            return _BINOPS[type(node.op)](left, right)
-        except (ZeroDivisionError, OverflowError, ValueError) as exc:
-            raise ToolFailure(str(exc)) from None
-    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNOPS:
-        return _UNOPS[type(node.op)](_eval(node.operand))
-    if isinstance(node, ast.Name) and node.id in _CONSTS:
-        return _CONSTS[node.id]
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
-            and node.func.id in _FUNCS and not node.keywords:
-        try:
-            return _FUNCS[node.func.id](*[_eval(a) for a in node.args])
-        except (TypeError, ValueError, OverflowError) as exc:
-            raise ToolFailure(f"{node.func.id}: {exc}") from None
-    raise ToolFailure(f"unsupported syntax: {ast.unparse(node)!r}")
-
-
 class Calculator:
     name = "calculator"
     spec = {
@@ -140,22 +89,28 @@ class Calculator:
                        "required": ["expression"], "additionalProperties": False},
     }
 
+    def __init__(self) -> None:
+        self.workers = WorkerPool()
+
     def run(self, arguments: dict[str, Any], timeout: float) -> str:
-        return repr(calculate(arguments["expression"]))
+        # In a worker process, killed on timeout: a thread would go on computing.
+        try:
+            return self.workers.evaluate(arguments["expression"], timeout)
+        except CalcError as exc:
+            raise ToolFailure(str(exc)) from None
 
 
-# -- python sandbox --------------------------------------------------------------------------
-def _limits(cpu_s: int, mem_bytes: int) -> None:  # runs in the child before exec
-    import resource
-
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))
-    resource.setrlimit(resource.RLIMIT_AS, (mem_bytes, mem_bytes))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
-    resource.setrlimit(resource.RLIMIT_NPROC, (64, 64))  # no fork bombs
+# -- python ------------------------------------------------------------------------------------
+# What the exit signal of a killed program means, for the observation.
+_SIGNALS = {signal.SIGXCPU: "CPU time limit", signal.SIGXFSZ: "output or file size limit",
+            signal.SIGKILL: "killed (CPU or memory limit)"}
 
 
-class PythonSandbox:
-    """Runs `code` in a fresh interpreter; stdout (and stderr on failure) is the observation."""
+class PythonTool:
+    """Runs `code` in a fresh interpreter (`python -I`) inside a sandbox (coevo/sandbox.py,
+    `bwrap` unless the harness opts out with the unsafe `sandbox: none`); stdout (and the
+    stderr tail on failure) is the observation. When the sandbox is unavailable the tool
+    refuses: the observation says which sandbox is missing, and no code runs."""
 
     name = "python"
     spec = {
@@ -168,37 +123,51 @@ class PythonSandbox:
                        "required": ["code"], "additionalProperties": False},
     }
 
-    def __init__(self, memory_mb: int = 512):
+    def __init__(self, sandbox: str = DEFAULT_SANDBOX, memory_mb: int = 512):
+        self.sandbox: Sandbox = SANDBOXES.get(sandbox)
         self.memory_mb = memory_mb
 
+    def with_sandbox(self, sandbox: str) -> "PythonTool":
+        return PythonTool(sandbox, self.memory_mb)
+
     def run(self, arguments: dict[str, Any], timeout: float) -> str:
-        cpu = max(1, math.ceil(timeout))
-        with tempfile.TemporaryDirectory(prefix="coevo-py-") as cwd:
-            # Own session (process group), so a timeout kills whatever the code spawned too.
-            proc = subprocess.Popen(
-                [sys.executable, "-I", "-"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, text=True, cwd=cwd, start_new_session=True,
-                env={"PATH": "/usr/bin:/bin", "HOME": cwd, "PYTHONIOENCODING": "utf-8"},
-                preexec_fn=lambda: _limits(cpu, self.memory_mb << 20))
-            try:
-                stdout, stderr = proc.communicate(arguments["code"], timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.communicate()
-                raise TimeoutError(f"python: no result within {timeout:g}s") from None
-        if proc.returncode != 0:
-            tail = (stderr or "").strip().splitlines()[-3:]
-            raise ToolFailure(f"exit code {proc.returncode}: " + " | ".join(tail))
-        return stdout
+        problem = self.sandbox.problem()
+        if problem is not None:
+            raise ToolFailure(f"python: sandbox {self.sandbox.name!r} unavailable, code not run: "
+                              f"{problem}")
+        limits = Limits(cpu_s=max(1, math.ceil(timeout)), memory_mb=self.memory_mb)
+        try:
+            done = self.sandbox.run([sys.executable, "-I", "-"], arguments["code"], timeout,
+                                    limits, readable=interpreter_paths())
+        except SandboxTimeout:
+            raise TimeoutError(f"python: no result within {timeout:g}s") from None
+        if done.returncode != 0:
+            tail = done.stderr.strip().splitlines()[-3:]
+            why = _SIGNALS.get(-done.returncode) if done.returncode < 0 else None
+            head = f"exit code {done.returncode}" + (f" ({why})" if why else "")
+            raise ToolFailure(head + (": " + " | ".join(tail) if tail else ""))
+        return done.stdout
 
 
 TOOLS.add("calculator", Calculator())
-TOOLS.add("python", PythonSandbox())
+TOOLS.add("python", PythonTool())
 
 
-def resolve_tools(names: list[str]) -> dict[str, Tool]:
-    """name -> Tool for a harness's tool list; an unknown name fails listing the known ones."""
-    return {name: TOOLS.get(name) for name in names}
+def resolve_tools(names: Sequence[str], sandboxes: Mapping[str, str] | None = None
+                  ) -> dict[str, Tool]:
+    """name -> Tool for a harness's tool list; an unknown name fails listing the known ones.
+    `sandboxes` maps a tool name to the sandbox its code runs in (`ToolSpec.sandbox`); only a
+    tool that runs code (has `with_sandbox`) takes a setting other than the default."""
+    out: dict[str, Tool] = {}
+    for name in names:
+        tool = TOOLS.get(name)
+        kind = (sandboxes or {}).get(name, DEFAULT_SANDBOX)
+        if kind != DEFAULT_SANDBOX:
+            if not hasattr(tool, "with_sandbox"):
+                raise CoevoError(f"tool {name!r} runs no code: it takes no `sandbox` setting")
+            tool = tool.with_sandbox(kind)
+        out[name] = tool
+    return out
 
 
 def validate_arguments(spec: dict[str, Any], arguments: Any) -> str | None:
@@ -243,8 +212,9 @@ async def execute(call: ToolCall, tools: Mapping[str, Tool],
     if bad:
         return result(f"Error: {bad}", bad)
     try:
-        # The thread keeps running if it overshoots (threads cannot be killed); the sandbox
-        # enforces its own timeout in the child, so only in-process tools can overshoot.
+        # Both built-in tools kill their work at `timeout` themselves (a worker process, the
+        # sandbox's process group); the margin only bounds a plugin tool that computes in
+        # this thread, which keeps running after it (threads cannot be killed).
         out = await asyncio.wait_for(asyncio.to_thread(tool.run, dict(call.arguments), timeout),
                                      timeout + 0.5)
     except (TimeoutError, asyncio.TimeoutError) as exc:

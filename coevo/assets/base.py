@@ -115,6 +115,17 @@ def _as_text(value: Any) -> str:
     return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
+def field_texts(content: dict[str, Any]) -> dict[str, str]:
+    """Every leaf field of an asset's content as the text its diff compares: strings as written,
+    anything else (lists, numbers, booleans) as indented JSON. The reviewer's side-by-side diff
+    and line blame (coevo/serve/) work on these texts, line by line.
+
+    >>> field_texts({"system_prompt": "Be brief.", "workflow": {"max_turns": 2}})
+    {'system_prompt': 'Be brief.\\n', 'workflow.max_turns': '2\\n'}
+    """
+    return {key: _as_text(value) for key, value in _flatten(content).items()}
+
+
 def changed_fields(old: Asset | dict, new: Asset | dict) -> list[str]:
     """Dotted paths of leaf fields whose values differ (lineage excluded)."""
     a = _flatten(old.content() if isinstance(old, Asset) else old)

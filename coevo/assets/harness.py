@@ -21,16 +21,20 @@ validation like any other bad file rather than reaching the runtime.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import jsonschema
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, JsonValue, field_validator, model_serializer,
+                      model_validator)
 
 from coevo.assets.base import Asset, Text
 from coevo.assets.io import PATTERN_HINTS
+from coevo.linear_regex import compile_pattern
 from coevo.models.base import Sampling
+from coevo.models.constrain import Constraint
+from coevo.models.grammars import tool_call_constraint
+from coevo.sandbox import DEFAULT_SANDBOX, SANDBOXES
 
 if TYPE_CHECKING:
     from coevo.assets.skill import Skill
@@ -84,10 +88,30 @@ class FunctionSpec(_Model):
 
 
 class ToolSpec(_Model):
-    """An OpenAI function-calling tool spec: {"type": "function", "function": {...}}."""
+    """An OpenAI function-calling tool spec: {"type": "function", "function": {...}}, plus
+    `sandbox`: what a harness tool that runs code (`python`) runs it in (coevo/sandbox.py).
+    "bwrap", the default, isolates it; "none" is UNSAFE: the model's code runs as the calling
+    user, with every file and the network that user can reach. Only a person may set it: a
+    proposal that changes it is invalid (coevo.propose.base.tool_contract_changes)."""
 
     type: Literal["function"] = "function"
     function: FunctionSpec
+    sandbox: str = DEFAULT_SANDBOX
+
+    @field_validator("sandbox")
+    @classmethod
+    def _known_sandbox(cls, v: str) -> str:
+        if v not in SANDBOXES:
+            raise ValueError(f"unknown sandbox {v!r}; known: {', '.join(SANDBOXES.names())}")
+        return v
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> Any:
+        data = handler(self)
+        # The default is left out, so a harness hashes as it did before `sandbox` existed.
+        if isinstance(data, dict) and data.get("sandbox") == DEFAULT_SANDBOX:
+            del data["sandbox"]
+        return data
 
 
 class AnswerExtraction(_Model):
@@ -110,9 +134,9 @@ class AnswerExtraction(_Model):
             return self
         if not self.pattern:
             raise ValueError("method 'regex' needs a pattern")
-        try:
-            compiled = re.compile(self.pattern)
-        except re.error as e:
+        try:  # RE2 (coevo/linear_regex.py): a proposal's pattern runs in linear time
+            compiled = compile_pattern(self.pattern)
+        except ValueError as e:
             raise ValueError(f"pattern does not compile: {e}") from None
         if self.group is not None and self.group > compiled.groups:
             raise ValueError(f"group {self.group} but the pattern has {compiled.groups} groups")
@@ -126,7 +150,7 @@ class AnswerExtraction(_Model):
         """
         if self.method != "regex":
             return text.strip()
-        compiled = re.compile(self.pattern or "")
+        compiled = compile_pattern(self.pattern or "")
         matches = list(compiled.finditer(text))
         if not matches:
             return None
@@ -175,15 +199,75 @@ class SkillActivation(_Model):
     top_k: int = Field(2, ge=0, le=8)
 
 
+class Constrain(_Model):
+    """`decoding.constrain`: grammar-constrained decoding (coevo/models/grammars.py).
+
+    none: free text. tool_calls: per task, a grammar built from the offered functions in the
+    harness's `tool_format` (offered names only; arguments per each function's schema, required
+    keys required, no unknown keys; 1..`max_calls` calls; with `allow_text` a plain-text answer
+    is allowed instead of a call, for environments where that can be right). A task that offers
+    no functions is answered unconstrained (there is nothing to call). json_schema: the whole
+    completion is JSON valid under `json_schema`. regex: the whole completion matches `regex`
+    (llguidance's regex dialect, linear time).
+
+    Written in YAML as `constrain: tool_calls`, `constrain: {json_schema: {...}}`,
+    `constrain: {regex: ...}` or in full (`{mode: tool_calls, max_calls: 2}`)."""
+
+    mode: Literal["none", "tool_calls", "json_schema", "regex"] = "none"
+    max_calls: int = Field(1, ge=1, le=16)
+    allow_text: bool = False
+    json_schema: dict[str, JsonValue] | None = None
+    regex: str | None = Field(None, min_length=1, max_length=2000)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        if isinstance(data, str):
+            return {"mode": data}
+        if isinstance(data, dict) and "mode" not in data:
+            given = [k for k in ("json_schema", "regex") if data.get(k) is not None]
+            if len(given) == 1:
+                return {**data, "mode": given[0]}
+        return data
+
+    @model_validator(mode="after")
+    def _body(self) -> "Constrain":
+        for key in ("json_schema", "regex"):
+            if (getattr(self, key) is not None) != (self.mode == key):
+                raise ValueError(f"mode {self.mode!r} " + (f"needs `{key}`" if self.mode == key
+                                                          else f"takes no `{key}`"))
+        if self.json_schema is not None:
+            check_json_schema(self.json_schema)
+        if self.mode in ("json_schema", "regex"):
+            self.constraint().check()  # UnsupportedConstraint is a ValueError: a clear field error
+        return self
+
+    def constraint(self, specs: Sequence[dict[str, Any]] = (), tool_format: str = "json",
+                   source: str = "") -> Constraint | None:
+        """The Constraint of one turn that offers `specs`, or None (mode none, or tool_calls
+        with no function offered)."""
+        if self.mode == "none":
+            return None
+        if self.mode == "json_schema":
+            return Constraint.of_json_schema(dict(self.json_schema or {}), source=source)
+        if self.mode == "regex":
+            return Constraint.of_regex(self.regex or "", source=source)
+        if not specs:
+            return None
+        return tool_call_constraint(specs, tool_format, self.max_calls, self.allow_text,
+                                    source=source)
+
+
 class Decoding(_Model):
     """Mirrors coevo.models.base.Sampling (minus the per-request seed), with tighter bounds
-    for what a proposer may choose."""
+    for what a proposer may choose; `constrain` is the grammar (see Constrain)."""
 
     temperature: float = Field(0.7, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0, le=1000)
     max_new_tokens: int = Field(256, ge=1, le=4096)
     stop: list[str] = Field(default_factory=list, max_length=8)
+    constrain: Constrain = Field(default_factory=Constrain)
 
     @field_validator("stop")
     @classmethod
@@ -232,14 +316,30 @@ class Harness(Asset):
             raise ValueError(f"tool {dup[0]!r} is defined twice")
         return v
 
+    def content(self) -> dict[str, Any]:
+        # An unconstrained harness hashes as it did before `decoding.constrain` existed, so
+        # stored versions keep their identity; any other setting is part of the hash.
+        data = super().content()
+        if self.decoding.constrain == Constrain():
+            data["decoding"].pop("constrain", None)
+        return data
+
     def sampling(self, seed: int | None = None) -> Sampling:
-        return Sampling(**self.decoding.model_dump(), seed=seed)
+        return Sampling(**self.decoding.model_dump(exclude={"constrain"}), seed=seed)
+
+    def constraint(self, task_tools: Sequence[dict[str, Any]] = ()) -> Constraint | None:
+        """The grammar of a policy turn of a task offering `task_tools` (None: free text).
+        Raises UnsupportedConstraint when a function's schema cannot be expressed."""
+        specs = self.tool_specs(task_tools)
+        return self.decoding.constrain.constraint(specs, self.tool_format,
+                                                  source=f"harness {self.name}")
 
     def tool_specs(self, task_tools: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
         """Task functions then harness tools, as OpenAI specs (what `Request.tools` gets)."""
         specs = [normalize_function_spec(t) for t in task_tools]
         taken = {s["function"]["name"] for s in specs}
-        own = [t.model_dump(mode="json") for t in self.tools if t.function.name not in taken]
+        own = [t.model_dump(mode="json", exclude={"sandbox"}) for t in self.tools
+               if t.function.name not in taken]
         return specs + own
 
     def demo_messages(self) -> list[dict[str, Any]]:

@@ -34,6 +34,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from coevo.assets.base import ASSET_TYPES, Asset
+from coevo.checks import python_criteria_problems
 from coevo.errors import AssetError
 
 # Folder name -> kind, for YAML assets (skills are recognised by their SKILL.md file name).
@@ -254,9 +255,17 @@ def file_data(asset: Asset) -> dict[str, Any]:
     """What goes into an asset's file: all fields in declared order, unset optionals left out.
 
     Dropping `None` is lossless because every optional field of every asset defaults to None
-    (values inside free-form JSON, e.g. a schema's `"default": null`, are kept).
+    (values inside free-form JSON, e.g. a schema's `"default": null`, are kept). Sub-fields an
+    asset leaves out of its hashed content at their defaults (a harness's unconstrained
+    `decoding.constrain`) are left out of the file too.
     """
-    return asset.model_dump(mode="json", exclude_none=True)
+    data = asset.model_dump(mode="json", exclude_none=True)
+    content = asset.content()
+    for key, value in data.items():
+        if isinstance(value, dict) and isinstance(content.get(key), dict):
+            for sub in [k for k in value if k not in content[key]]:
+                value.pop(sub)
+    return data
 
 
 def format_asset(asset: Asset) -> str:
@@ -296,7 +305,13 @@ def parse_asset(text: str, source: str, kind: str | None = None) -> Asset:
     from_markdown = getattr(cls, "from_markdown", None)
     if callable(from_markdown):
         return from_markdown(text, source)
-    return validate_asset(cls, parse_yaml(text, source), source)
+    asset = validate_asset(cls, parse_yaml(text, source), source)
+    # Files are where a person adds a rubric: a python check it names must be registered
+    # (coevo.checks). Stored versions are not re-checked on load, so audits still read them.
+    problems = python_criteria_problems(asset)
+    if problems:
+        raise AssetError(source, *problems[0])
+    return asset
 
 
 def load_asset(path: str | Path, kind: str | None = None) -> Asset:

@@ -10,14 +10,17 @@ both sums, never a zero.
 
 Criterion kinds (a discriminated union on `kind`, each with its own validated `params`):
 - outcome: the verifier's outcome, or one of its partial-credit `details` (e.g. BFCL's).
-- regex: a pattern searched in the extracted answer or the full final text.
+- regex: a pattern searched in the extracted answer or the full final text, by RE2 (linear
+  time, coevo/linear_regex.py: no backreferences or lookaround).
 - json_schema: the answer parsed as JSON validates against a schema.
 - tool_called: properties of the final turn's tool calls. With no constraints it pays for any
   call that decodes; `name_in_offered` pays only when every called name is one of the task's
   offered functions, the guard FACTS.md motivates (a "decodes" reward was hacked by copying the
   worked example's call verbatim).
-- python: a "pkg.module:func" callable, checked for syntax here and resolved at reward time,
-  so a rubric can name a function from a package that is not importable where it is edited.
+- python: a "pkg.module:func" check, which must be registered (coevo/checks.py: by the
+  project, or a plugin's `coevo.checks` entry point). The syntax is checked here; rubric files
+  and proposals naming an unregistered check are refused where they come in (coevo.assets.io,
+  coevo.propose.base.check_candidate), and the callable is imported only at reward time.
 - llm_judge: a question put to a model, answered on a 0..scale scale.
 
 Weights are data a proposer may revise, but a revision may not lower the verified outcome's
@@ -28,7 +31,6 @@ so a rubric that pays for unverified progress cannot win by itself.
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
@@ -36,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, m
 from coevo.assets.base import Asset, Text
 from coevo.assets.harness import ASSET_NAME, check_json_schema
 from coevo.assets.io import PATTERN_HINTS
+from coevo.linear_regex import compile_pattern
 
 CRITERION_ID = r"^[a-z0-9]+(?:[_-][a-z0-9]+)*$"
 CALLABLE_REF = r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*$"
@@ -61,9 +64,10 @@ class RegexParams(_Params):
     @field_validator("pattern")
     @classmethod
     def _compiles(cls, v: str) -> str:
+        # Matched by RE2 (coevo/linear_regex.py): a proposal's pattern runs in linear time.
         try:
-            re.compile(v)
-        except re.error as e:
+            compile_pattern(v)
+        except ValueError as e:
             raise ValueError(f"does not compile: {e}") from None
         return v
 

@@ -5,9 +5,14 @@ carry the exact sampled token ids and their log-probabilities, because RL trains
 what was sampled. Backends that cannot return token ids (a hosted API) mark their completions
 `trainable=False`; they are still fine for evaluation and for proposers.
 
-Log-probabilities are those of the sampled token under the model's unmodified distribution
-(temperature 1, no top-k / top-p filtering): the quantity the trainer recomputes, so the
-importance ratio of an on-policy update is exactly 1.
+Log-probabilities are those of the sampled token under the distribution it was actually drawn
+from: the grammar mask of the request's `constraint`, then temperature, top-k and top-p
+(`coevo.models.logits`). The trainer recomputes the policy's log-probabilities under the same
+settings and masks, so the importance ratio of an on-policy update is exactly 1. (Temperature 0
+records the temperature-1 log-probability with the same filters.)
+
+A request's `constraint` (coevo/models/constrain.py) must be honoured or the request fails
+with a message naming why: a backend never samples unconstrained in its place.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from __future__ import annotations
 from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from coevo.models.constrain import Constraint
 
 
 class Sampling(BaseModel):
@@ -40,6 +47,7 @@ class Request(BaseModel):
     tools: list[dict[str, Any]] | None = None  # OpenAI function specs, for chat-template tools
     sampling: Sampling = Field(default_factory=Sampling)
     n: int = Field(1, ge=1)
+    constraint: Constraint | None = None  # the grammar every completion must match
 
 
 class Completion(BaseModel):
@@ -51,6 +59,12 @@ class Completion(BaseModel):
     finish_reason: str = "stop"  # stop | length | error
     trainable: bool = True
     error: str | None = None  # set with finish_reason="error": an infrastructure failure
+
+
+def error_completion(message: str, prompt_ids: list[int] | None = None) -> Completion:
+    """A request that failed: data (finish_reason="error", the reason in `error`), not a raise."""
+    return Completion(text="", prompt_ids=prompt_ids or [], finish_reason="error",
+                      trainable=False, error=message)
 
 
 @runtime_checkable

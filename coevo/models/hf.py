@@ -3,10 +3,14 @@
 Algorithm: batched autoregressive sampling with a KV cache, i.e. what `model.generate` does,
 written out because coevo needs three things `generate` does not give together:
 
-1. **Log-probabilities under the raw distribution.** For every sampled token we record
-   `log_softmax(logits)[token]` at temperature 1 with no top-k / top-p filtering (the contract
-   in `coevo.models.base`), while the *sampling* itself uses the tempered, filtered
-   distribution. `generate(output_scores=True)` returns processed scores instead.
+1. **Log-probabilities of the distribution actually sampled.** Each step's logits go through
+   the grammar mask (when the request carries a `Constraint`: llguidance's bitmask, filled in
+   parallel for the batch's matchers), temperature, top-k and top-p, in `coevo.models.logits`;
+   the token is drawn from that distribution and its log-probability under it is recorded.
+   The trainer recomputes the policy's log-probabilities with the same function and the same
+   masks (replayed), so the importance ratio of an on-policy update is exactly 1.
+   `generate(output_scores=True)` gives no per-row grammar masks and no batch-independent
+   seeds.
 2. **One prefill per distinct prompt.** The unique prompts of a batch are left-padded and
    prefilled once; the KV cache (and the last-position logits) are then gathered along the
    batch dimension (`DynamicCache.batch_select_indices` with repeated indices) so the `n`
@@ -22,6 +26,10 @@ written out because coevo needs three things `generate` does not give together:
 Finished rows are dropped from the cache each step (batch_select_indices) so long stragglers
 do not pay for finished rows. Prompts are left-padded with explicit `position_ids` computed
 from the attention mask, so padding never shifts rotary positions.
+
+Constrained rows stop when their grammar is complete (the engine's matcher reports it stopped:
+nothing but end-of-sequence could follow), without spending a step on the EOS token; a grammar
+that can continue (a regex with a free tail, text allowed) ends on EOS as usual.
 
 Stop strings follow vLLM's convention: the completion `text` ends just before the stop string,
 while `token_ids` / `logprobs` keep every sampled token, including the ones that spelled the
@@ -40,7 +48,8 @@ from typing import Any
 import torch
 
 from coevo.errors import CoevoError
-from coevo.models.base import Completion, Request, Sampling
+from coevo.models.base import Completion, Request, Sampling, error_completion
+from coevo.models.logits import Settings, filter_logits, token_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -105,13 +114,6 @@ def eos_ids(tokenizer: Any, model: Any = None) -> set[int]:
     return ids
 
 
-def error_completion(message: str, prompt_ids: list[int] | None = None) -> Completion:
-    return Completion(
-        text="", prompt_ids=prompt_ids or [], finish_reason="error", trainable=False,
-        error=message,
-    )
-
-
 def first_stop(text: str, stops: list[str]) -> int:
     """Index of the earliest stop string in `text`, or -1.
 
@@ -131,6 +133,7 @@ class _Row:
     prompt: tuple[int, ...]
     sampling: Sampling
     generator: torch.Generator | None
+    matcher: Any = None  # llguidance matcher of a constrained request, else None
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     text: str | None = None
@@ -173,6 +176,7 @@ class HFBackend:
         # Pad positions are masked out, so any valid id works when the tokenizer has none.
         self._pad = pad if pad is not None else (min(self._eos) if self._eos else 0)
         self._cache_kw = _cache_kwarg(model)
+        self._grammars: Any = None
         if adapter is not None:
             self.load_adapter(adapter)
 
@@ -245,12 +249,24 @@ class HFBackend:
     def encode_prompt(self, request: Request) -> list[int]:
         return render_prompt(self.tokenizer, request)
 
+    @property
+    def grammars(self):
+        """The grammar engine over this backend's tokenizer (built on first use)."""
+        if self._grammars is None:
+            from coevo.models.masks import Grammars
+
+            self._grammars = Grammars(self.tokenizer, self._eos)
+        return self._grammars
+
     def generate(self, requests: list[Request]) -> list[list[Completion]]:
         results: list[list[Completion | None]] = [[None] * r.n for r in requests]
         rows: list[_Row] = []
         for i, req in enumerate(requests):
             try:
                 prompt = tuple(self.encode_prompt(req))
+                matchers = [None] * req.n
+                if req.constraint is not None:  # UnsupportedConstraint: this request's error
+                    matchers = [self.grammars.matcher(req.constraint) for _ in range(req.n)]
             except Exception as e:  # a bad request is that request's error, not the batch's
                 results[i] = [error_completion(_describe(e))] * req.n
                 continue
@@ -260,7 +276,7 @@ class HFBackend:
                 if req.sampling.temperature > 0:
                     gen = torch.Generator(device=self.device)
                     gen.manual_seed(sample_seed(seed, j))
-                rows.append(_Row(i, j, prompt, req.sampling, gen))
+                rows.append(_Row(i, j, prompt, req.sampling, gen, matchers[j]))
 
         for start in range(0, len(rows), self.max_batch):
             self._run_isolated(rows[start : start + self.max_batch])
@@ -290,6 +306,8 @@ class HFBackend:
                 r.ids, r.logprobs, r.finish, r.text = [], [], None, None
                 if r.generator is not None:  # restart the sample's stream from its seed
                     r.generator.manual_seed(r.generator.initial_seed())
+                if r.matcher is not None:  # and its grammar from the start
+                    r.matcher.reset()
             self._run_isolated(group)
 
     def _forward(self, ids, mask, pos, cache):
@@ -337,13 +355,17 @@ class HFBackend:
         max_steps = max(r.sampling.max_new_tokens for r in rows)
 
         for _ in range(max_steps):
-            logp = torch.log_softmax(logits, dim=-1)  # raw distribution: the contract's logprobs
-            tokens = _sample(logits, active, dev)  # [A]
-            chosen = logp.gather(1, tokens[:, None])[:, 0].tolist()
+            self._mask(logits, active)
+            filtered, base = filter_logits(logits, [_settings(r.sampling) for r in active])
+            tokens = _sample(filtered, base, active, dev)  # [A]
+            chosen = token_logprobs(filtered, base, tokens).tolist()
             keep: list[int] = []
             for k, (row, tok, lp) in enumerate(zip(active, tokens.tolist(), chosen)):
                 row.ids.append(tok)
                 row.logprobs.append(lp)
+                if row.matcher is not None and not row.matcher.consume_token(tok):
+                    raise CoevoError(f"grammar rejected its own allowed token {tok}: "
+                                     f"{row.matcher.get_error()[:200]}")
                 if self._finished(row, tok):
                     continue
                 keep.append(k)
@@ -358,9 +380,25 @@ class HFBackend:
             logits = self._forward(tokens[:, None], mask, next_pos[:, None], cache)
             next_pos = next_pos + 1
 
+    def _mask(self, logits: torch.Tensor, rows: list[_Row]) -> None:
+        """Forbid, in place, the tokens each constrained row's grammar does not allow next."""
+        from coevo.models.masks import apply_bitmask
+
+        idx = [k for k, r in enumerate(rows) if r.matcher is not None]
+        if not idx:
+            return
+        bitmask = self.grammars.fill([rows[k].matcher for k in idx])
+        sel = torch.tensor(idx, dtype=torch.long, device=logits.device)
+        sub = logits[sel]  # a copy: [C, V]
+        apply_bitmask(sub, bitmask)
+        logits[sel] = sub
+
     def _finished(self, row: _Row, tok: int) -> bool:
         if tok in self._eos:
             row.finish = "stop"
+            return True
+        if row.matcher is not None and row.matcher.is_stopped():
+            row.finish = "stop"  # the grammar is complete: only EOS could follow
             return True
         if row.sampling.stop:
             text = self.tokenizer.decode(row.ids, skip_special_tokens=True)
@@ -385,51 +423,27 @@ class HFBackend:
         )
 
 
-def _sample(logits: torch.Tensor, rows: list[_Row], dev: torch.device) -> torch.Tensor:
-    """Next token per row ([A, V] logits -> [A] ids): argmax for temperature 0, else
-    inverse-CDF sampling of the tempered, top-k / top-p filtered distribution with one uniform
-    drawn from the row's own generator (never a shared RNG, see the module docstring).
+def _settings(s: Sampling) -> Settings:
+    return Settings(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
 
-    How a row is sampled depends only on its own settings, never on its batch mates: rows
-    without filters sample in vocabulary order (vectorized); filtered rows sample over their
-    candidates in descending order (top-k via `topk`, top-p via a full sort), one row at a
-    time, so a batch never pays for a 49k-entry sort it does not need."""
-    tokens = logits.argmax(dim=-1)
-    plain = [k for k, r in enumerate(rows)
-             if r.generator is not None and r.sampling.top_k == 0 and r.sampling.top_p >= 1.0]
-    plain_set = set(plain)
-    if plain:
-        sel = torch.tensor(plain, device=dev)
-        temp = torch.tensor([rows[k].sampling.temperature for k in plain], device=dev)
-        u = torch.stack([torch.rand((), generator=rows[k].generator, device=dev) for k in plain])
-        cdf = torch.softmax(logits[sel] / temp[:, None], dim=-1).cumsum(-1)  # [P, V]
-        pick = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None])[:, 0]
-        tokens[sel] = pick.clamp(max=logits.shape[-1] - 1)
-    for k, r in enumerate(rows):
-        if r.generator is not None and k not in plain_set:
-            tokens[k] = _sample_filtered(logits[k], r.sampling, r.generator, dev)
+
+def _sample(filtered: torch.Tensor, base: torch.Tensor, rows: list[_Row],
+            dev: torch.device) -> torch.Tensor:
+    """Next token per row ([A, V] logits -> [A] ids): the arg-max of the masked logits for
+    temperature 0, else inverse-CDF sampling (vocabulary order) of the filtered distribution
+    with one uniform drawn from the row's own generator (never a shared RNG, see the module
+    docstring), so how a row is sampled depends only on its own settings and seed."""
+    tokens = base.argmax(dim=-1)
+    live = [k for k, r in enumerate(rows) if r.generator is not None]
+    if live:
+        sel = torch.tensor(live, device=dev)
+        u = torch.stack([torch.rand((), generator=rows[k].generator, device=dev) for k in live])
+        cdf = torch.softmax(filtered[sel], dim=-1).cumsum(-1)  # [P, V]
+        # A uniform of exactly 0 must not land on a leading zero-probability token.
+        target = (u * cdf[:, -1]).clamp(min=torch.finfo(cdf.dtype).tiny)
+        pick = torch.searchsorted(cdf, target[:, None])[:, 0]
+        tokens[sel] = pick.clamp(max=filtered.shape[-1] - 1)
     return tokens
-
-
-def _sample_filtered(logits: torch.Tensor, s: Sampling, gen: torch.Generator,
-                     dev: torch.device) -> torch.Tensor:
-    """One row ([V] logits) with top-k and/or top-p: candidates in descending order, then
-    the nucleus (drop a candidate once the mass strictly before it reaches top_p; the first
-    always stays), then inverse-CDF with the row's uniform."""
-    x = logits / s.temperature
-    vocab = x.shape[-1]
-    if 0 < s.top_k < vocab:
-        vals, order = torch.topk(x, s.top_k)  # sorted, descending
-    else:
-        vals, order = x.sort(descending=True, stable=True)
-    probs = torch.softmax(vals, dim=-1)
-    if s.top_p < 1.0:
-        keep = (probs.cumsum(-1) - probs) < s.top_p
-        probs = torch.softmax(vals.masked_fill(~keep, float("-inf")), dim=-1)
-    cdf = probs.cumsum(-1)
-    u = torch.rand((), generator=gen, device=dev)
-    pick = torch.searchsorted(cdf, (u * cdf[-1]).reshape(1)).clamp(max=vals.shape[-1] - 1)
-    return order[pick[0]]
 
 
 def _model_device(model: Any) -> torch.device:

@@ -5,17 +5,39 @@ over plain httpx.
 `POST {base}/completions` with the ids as the prompt (vLLM and SGLang accept token-id prompts).
 With `token_ids=True` (the default) the request also carries vLLM's extensions
 (`return_tokens_as_token_ids`, `return_token_ids`, `top_k`), so a vLLM server returns the sampled
-token ids, their log-probabilities and the prompt ids: those completions are trainable. A
-server that returns text only (or `token_ids=False`, for APIs that reject unknown fields) gives
-`trainable=False` completions, fine for evaluation and proposers.
+token ids, their log-probabilities and the prompt ids. A server that returns text only (or
+`token_ids=False`, for APIs that reject unknown fields) gives `trainable=False` completions,
+fine for evaluation and proposers.
 
-vLLM's logprobs are raw (pre-temperature) by default in its V1 engine (`logprobs_mode=
-"raw_logprobs"`), which is the contract's definition; other servers may report processed ones.
+Constraints (`Request.constraint`, coevo/models/dialects.py for the field shapes):
+- json_schema on a chat request: OpenAI's `response_format` (json_schema, strict), which
+  hosted APIs and vLLM both enforce.
+- lark and regex, and any constraint on a token-id prompt: vLLM's request fields, sent only
+  to vLLM (`token_ids=True`): `structured_outputs: {grammar | regex | json}` (vLLM >= 0.10.2;
+  the `guided_*` fields it replaced were removed in 0.12), or with
+  `constraint_fields="guided"` the old `guided_grammar` / `guided_regex` / `guided_json`.
+  `constraint_fields="none"` (or `token_ids=False`) sends none: such a request fails.
+- A server that rejects the fields (HTTP 400 / 422) gives error completions naming the
+  constraint kind, the fields sent and the server's message; it is never retried without
+  them. vLLM does not reject fields it does not know: it ignores them (a field of the other
+  style included) and samples unconstrained. So every returned text is checked against the
+  grammar (`verify_constraints`, with llguidance), and a text that breaks it fails the whole
+  request, naming the fields that were probably ignored.
+
+Behaviour log-probs: the contract's are those of the distribution sampled (grammar mask,
+temperature, top-k, top-p). A vLLM server reports raw ones unless started with
+`--logprobs-mode processed_logprobs`, and its grammar masks are coevo's only with the
+llguidance backend and no free JSON whitespace
+(`--structured-outputs-config '{"backend": "guidance", "disable_any_whitespace": true}'`).
+The client cannot see those flags: say `exact_logprobs=True` when the server runs with both;
+otherwise only unconstrained, untempered, unfiltered completions are trainable (the others
+keep their token ids, marked `trainable=False`).
 
 Departures from a plain client: a timeout, a connection failure, an HTTP error or a malformed
 body becomes `finish_reason="error"` completions (the contract), after `retries` retries of
 errors that may be transient (connection, timeout, 429, 5xx). Requests of one `generate` call
 are sent concurrently (up to `max_concurrency`), each as one HTTP call carrying `n`.
+This module imports neither torch nor llguidance at import time.
 """
 
 from __future__ import annotations
@@ -29,10 +51,22 @@ from typing import Any
 import httpx
 
 from coevo.errors import CoevoError
-from coevo.models.base import Completion, Request
-from coevo.models.hf import error_completion
+from coevo.models.base import Completion, Request, error_completion
+from coevo.models.constrain import UnsupportedConstraint
+from coevo.models.dialects import (response_format, violation, vllm_fields,
+                                   vllm_logprobs_exact)
 
 _TRANSIENT = {408, 429, 500, 502, 503, 504}
+_REJECTED = {400, 422}  # a request the server refuses as written (e.g. fields it does not take)
+CONSTRAINT_FIELDS = ("structured_outputs", "guided", "none")
+
+
+class HTTPStatusError(CoevoError):
+    """The server answered with an HTTP error status (kept, to tell rejections apart)."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
 
 
 class OpenAIBackend:
@@ -48,11 +82,17 @@ class OpenAIBackend:
         token_ids: bool = True,
         tokenizer: Any = None,
         extra_body: dict[str, Any] | None = None,
+        constraint_fields: str = "structured_outputs",
+        verify_constraints: bool = True,
+        exact_logprobs: bool = False,
         name: str | None = None,
     ):
         if not base_url.startswith(("http://", "https://")):
             raise CoevoError(
                 f"openai backend: base URL must start with http(s)://, got {base_url!r}")
+        if constraint_fields not in CONSTRAINT_FIELDS:
+            raise CoevoError(f"openai backend: constraint_fields must be one of "
+                             f"{', '.join(CONSTRAINT_FIELDS)}, got {constraint_fields!r}")
         self.base_url = base_url.rstrip("/")
         headers = {"Content-Type": "application/json"}
         if api_key_env:
@@ -65,6 +105,9 @@ class OpenAIBackend:
         self.max_concurrency = max_concurrency
         self.token_ids = token_ids
         self.extra_body = dict(extra_body or {})
+        self.constraint_fields = constraint_fields
+        self.verify_constraints = verify_constraints
+        self.exact_logprobs = exact_logprobs
         self.tokenizer = _load_tokenizer(tokenizer)
         self.name = name or f"openai:{model or self.base_url}"
         self._client = httpx.Client(timeout=httpx.Timeout(timeout), headers=headers)
@@ -86,6 +129,14 @@ class OpenAIBackend:
             path, body = self._body(req)
             data = self._post(path, body)
             return self._parse(req, data)
+        except HTTPStatusError as e:
+            message = str(e)
+            if req.constraint is not None and e.status in _REJECTED:
+                # Never resent without the fields: that would sample unconstrained.
+                sent = ", ".join(self._constraint_body(req)) or "none"
+                message = (f"the server rejected a request constrained by a "
+                           f"{req.constraint.kind} grammar (sent as: {sent}): {e}")
+            return [error_completion(message, req.prompt_ids)] * req.n
         except Exception as e:  # the contract: a failed call is that request's missing data
             return [error_completion(_describe(e), req.prompt_ids)] * req.n
 
@@ -132,8 +183,28 @@ class OpenAIBackend:
             body["return_token_ids"] = True
             if s.top_k > 0:
                 body["top_k"] = s.top_k
+        body.update(self._constraint_body(req))
         body.update(self.extra_body)
         return path, {k: v for k, v in body.items() if v is not None}
+
+    def _constraint_body(self, req: Request) -> dict[str, Any]:
+        """The request fields that carry `req.constraint` (module docstring)."""
+        c = req.constraint
+        if c is None:
+            return {}
+        if c.kind == "json_schema" and req.prompt_ids is None:
+            return {"response_format": response_format(c)}
+        if not self.token_ids or self.constraint_fields == "none":
+            what = "a token-id prompt" if req.prompt_ids is not None else "a chat request"
+            raise UnsupportedConstraint(
+                f"{c.kind} constraint on {what} needs vLLM's structured-output request fields, "
+                f"and this backend sends none (token_ids={self.token_ids}, "
+                f"constraint_fields={self.constraint_fields!r}); OpenAI's API takes JSON "
+                "Schemas on chat requests only")
+        fields = vllm_fields(c)
+        if self.constraint_fields == "guided":
+            return {f"guided_{k}": v for k, v in fields.items()}
+        return {"structured_outputs": fields}
 
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         return self._send("POST", path, body)
@@ -154,7 +225,8 @@ class OpenAIBackend:
                 last = CoevoError(f"{url}: {type(e).__name__}: {e}")
                 continue
             if resp.status_code >= 400:
-                last = CoevoError(f"{url}: HTTP {resp.status_code}: {resp.text[:300]}")
+                last = HTTPStatusError(f"{url}: HTTP {resp.status_code}: {resp.text[:300]}",
+                                       resp.status_code)
                 if resp.status_code in _TRANSIENT:
                     continue
                 raise last
@@ -169,23 +241,44 @@ class OpenAIBackend:
         choices = sorted(data.get("choices") or [], key=lambda c: c.get("index", 0))
         if len(choices) != req.n:
             raise CoevoError(f"server returned {len(choices)} choices for n={req.n}")
+        if req.constraint is not None and self.verify_constraints:
+            self._verify(req, choices)
         # Token-id prompts are what the server saw; chat prompts are rendered server-side, so
         # only the server can say (vLLM: `prompt_token_ids` with return_token_ids).
         prompt_ids = req.prompt_ids or data.get("prompt_token_ids") or []
+        exact = (vllm_logprobs_exact(req.sampling, processed=self.exact_logprobs)
+                 and (req.constraint is None or self.exact_logprobs))
         out = []
         for c in choices:
             text, ids, lps = _choice_fields(c)
             ids = c.get("token_ids") or ids
-            trainable = bool(ids) and ids is not None and len(ids) == len(lps)
+            aligned = bool(ids) and ids is not None and len(ids) == len(lps)
             out.append(Completion(
                 text=text,
-                token_ids=ids if trainable else [],
-                logprobs=lps if trainable else [],
+                token_ids=ids if aligned else [],
+                logprobs=lps if aligned else [],
                 prompt_ids=list(req.prompt_ids or c.get("prompt_token_ids") or prompt_ids),
                 finish_reason="length" if c.get("finish_reason") == "length" else "stop",
-                trainable=trainable,
+                trainable=aligned and exact,
             ))
         return out
+
+    def _verify(self, req: Request, choices: list[dict[str, Any]]) -> None:
+        """Raise unless every choice's text follows the constraint (module docstring)."""
+        c = req.constraint
+        assert c is not None
+        for choice in choices:
+            msg = choice.get("message")
+            if msg is not None and msg.get("tool_calls"):
+                continue  # a server-side parser took the text apart: nothing left to check
+            text = (msg.get("content") if msg is not None else choice.get("text")) or ""
+            why = violation(c, text)
+            if why:
+                sent = ", ".join(self._constraint_body(req))
+                raise CoevoError(
+                    f"the server's completion does not follow the {c.kind} constraint ({why}); "
+                    f"it may have ignored the field(s) {sent} (vLLM ignores fields it does "
+                    f"not know: see constraint_fields); text: {text[:120]!r}")
 
 
 def _choice_fields(choice: dict[str, Any]) -> tuple[str, list[int], list[float]]:

@@ -15,7 +15,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from coevo.models.base import Completion, Request
-from coevo.models.hf import error_completion, first_stop, render_prompt
+from coevo.models.base import error_completion
+from coevo.models.hf import first_stop, render_prompt
 
 Script = Sequence[str] | Callable[[Request, int], str]
 

@@ -24,6 +24,7 @@ from coevo.assets.base import Asset, changed_fields, forbidden_changes
 from coevo.assets.harness import Harness
 from coevo.assets.rubric import Rubric
 from coevo.assets.skill import Skill, SkillLibrary
+from coevo.checks import python_criteria_problems
 from coevo.errors import CoevoError
 from coevo.executors import AgentAssets
 from coevo.registry import Registry, UnknownName
@@ -163,6 +164,11 @@ def check_candidate(cand: Candidate, incumbent: Incumbent) -> str | None:
         if bad_tools:
             return bad_tools
     if cand.kind == "rubric":
+        # A python criterion is code coevo calls: a proposal may pick a registered check,
+        # never name a new callable (`builtins:print` with kwargs of its choosing ran).
+        problems = python_criteria_problems(cand.asset)
+        if problems:
+            return "{}: {}".format(*problems[0])
         before, after = old.outcome_share(), cand.asset.outcome_share()  # type: ignore[attr-defined]
         if after < before - 1e-9:
             return (f"lowers the verified outcome's share of the reward from {before:.3f} to "
@@ -198,20 +204,27 @@ def member_violations(cand: Candidate, incumbent: Incumbent) -> str | None:
 
 def tool_contract_changes(old: Harness, new: Harness) -> str | None:
     """`tools` is whitelisted for its descriptions only: a tool's name and parameter schema
-    are a contract with the code that runs it (coevo.agent.tools), so a proposal may reword
-    a description but not add, remove, rename or re-type a tool."""
-    def contract(h: Harness) -> list[tuple[str, str]]:
+    are a contract with the code that runs it (coevo.agent.tools), and its `sandbox` is a
+    safety setting only a person may choose (`none` runs model-written code unisolated), so
+    a proposal may reword a description but not add, remove, rename, re-type or unsandbox a
+    tool."""
+    def contract(h: Harness) -> list[tuple[str, str, str]]:
         import json
 
-        return [(t.function.name, json.dumps(t.function.parameters, sort_keys=True)) for t in h.tools]
+        return [(t.function.name, json.dumps(t.function.parameters, sort_keys=True), t.sandbox)
+                for t in h.tools]
 
     before, after = contract(old), contract(new)
     if before == after:
         return None
-    names_b, names_a = [n for n, _ in before], [n for n, _ in after]
+    names_b, names_a = [c[0] for c in before], [c[0] for c in after]
     if names_b != names_a:
         return (f"tools: only descriptions may change; tool names {names_b} became {names_a}")
-    changed = [n for (n, a), (_, b) in zip(before, after) if a != b]
+    for (name, schema_b, sandbox_b), (_, schema_a, sandbox_a) in zip(before, after):
+        if sandbox_b != sandbox_a:
+            return (f"tools: only descriptions may change; the sandbox of {name} changed "
+                    f"({sandbox_b} -> {sandbox_a})")
+    changed = [b[0] for b, a in zip(before, after) if b[1] != a[1]]
     return f"tools: only descriptions may change; the parameter schema of {', '.join(changed)} changed"
 
 

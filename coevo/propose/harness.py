@@ -58,9 +58,15 @@ KNOBS: dict[str, tuple[str, ...]] = {
     "max_new_tokens": ("decoding", "max_new_tokens"),
     "skills_top_k": ("skills", "top_k"),
     "tool_doc_format": ("tool_doc_format",),
+    "constrain": ("decoding", "constrain", "mode"),
+    "max_calls": ("decoding", "constrain", "max_calls"),
+    "allow_text": ("decoding", "constrain", "allow_text"),
 }
+# Knobs offered with fewer values than their field admits: grammar-constrained decoding may be
+# toggled, but a json_schema / regex grammar needs a body no knob carries.
+KNOB_CHOICES: dict[str, tuple[Any, ...]] = {"constrain": ("none", "tool_calls")}
 DEFAULT_KNOBS = ("max_turns", "reflect_on_tool_error", "reflection_prompt", "temperature",
-                 "top_k", "max_new_tokens", "tool_doc_format")
+                 "top_k", "max_new_tokens", "tool_doc_format", "constrain")
 _SECTIONS: dict[str, type[BaseModel]] = {"workflow": Workflow, "decoding": Decoding,
                                          "skills": SkillActivation}
 
@@ -103,6 +109,8 @@ class HarnessRevision(dspy.Signature):
 def _bounds(annotation: Any, metadata: Sequence[Any]) -> str:
     """A knob's type and bounds as the prompt shows them: 'integer 1..32', 'true|false',
     '"json"|"python_signature"', 'text <= 2000 chars'."""
+    if isinstance(annotation, tuple):  # KNOB_CHOICES
+        return "|".join(json.dumps(a) for a in annotation)
     if typing.get_origin(annotation) is typing.Literal:
         return "|".join(json.dumps(a) for a in typing.get_args(annotation))
     if annotation is bool:
@@ -121,7 +129,11 @@ def knob_field(knob: str) -> tuple[Any, Sequence[Any]]:
     """The pydantic annotation and constraint metadata of a knob's harness field."""
     path = KNOBS[knob]
     model: type[BaseModel] = Harness if len(path) == 1 else _SECTIONS[path[0]]
+    for part in path[1:-1]:  # nested sections (decoding.constrain)
+        model = model.model_fields[part].annotation  # type: ignore[assignment]
     info = model.model_fields[path[-1]]
+    if knob in KNOB_CHOICES:
+        return KNOB_CHOICES[knob], info.metadata
     return info.annotation, info.metadata
 
 
@@ -199,11 +211,16 @@ def build_revision(h: Harness, out: dict[str, Any],
         path = KNOBS[knob]
         if value == knob_value(h, knob):
             continue
+        if knob in KNOB_CHOICES and value not in KNOB_CHOICES[knob]:
+            return None, (f"workflow.{knob}: {json.dumps(value, default=str)[:40]} is not one of "
+                          f"{', '.join(json.dumps(c) for c in KNOB_CHOICES[knob])}")
         if len(path) == 1:
             changes[path[0]] = value
         else:
-            section = changes.setdefault(path[0], getattr(h, path[0]).model_dump(mode="json"))
-            section[path[1]] = value
+            node = changes.setdefault(path[0], getattr(h, path[0]).model_dump(mode="json"))
+            for part in path[1:-1]:
+                node = node[part]
+            node[path[-1]] = value
 
     if not changes:
         return None, ("changes nothing: every revised field is null, empty or equal to the "

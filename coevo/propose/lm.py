@@ -9,18 +9,23 @@ configured apart from the policy (`ProposerModel`): the policy is being trained,
 must not drift with it.
 
 Structured output goes through `dspy.JSONAdapter` (the default ChatAdapter cannot parse a
-135M model's output at all; FACTS.md). A model that does not follow the format is the normal
-case for a small model, not an exception: `run_program` returns a `ProgramCall` with the exact
-prompt, the raw output and the parse error, and the proposer turns that into an `invalid`
-proposal (stored, never a crash). The adapter keeps only the signature's output fields and
-drops any other key silently; `run_program` does not: an answer with a key outside the
-signature's outputs (a model obeying an instruction planted in a transcript: `name`, `gate`,
-`splits`, ...) is refused as a whole, the offending keys named in the error. With the `llamacpp` backend and `json_schema: true` the
-engine builds a llama.cpp JSON-schema grammar from the signature's output fields, so even the
-135M model emits well-formed JSON (content is still its own).
+135M model's output at all; FACTS.md), and with `json_schema: true` (the default) the engine
+passes the JSON Schema of the running signature's output fields to the backend as a
+`Constraint` (coevo/models/constrain.py): grammar-constrained decoding on every backend
+(llguidance masks for hf / embedded, structured outputs for vLLM and OpenAI-compatible servers,
+a grammar for llama.cpp), so even the 135M model emits parseable JSON with exactly the
+requested keys and types; its content is still its own, and the semantic checks (whitelist,
+bounds, validity) stay where they are. A model that still fails (a string cut by max_tokens, a
+backend that rejects the constraint) is an `invalid` proposal with the exact prompt, the raw
+output and the error (stored, never a crash).
+The adapter keeps only the signature's output fields and drops any other key silently;
+`run_program` does not: an answer with a key outside the signature's outputs (a model obeying
+an instruction planted in a transcript: `name`, `gate`, `splits`, ...; possible whenever no
+constraint holds the keys, e.g. a replayed cassette or an unconstrained backend) is refused as
+a whole, the offending keys named in the error.
 
 Cassettes (record/replay). A cassette is a JSONL file of exchanges keyed by the sha256 of the
-canonical request (messages + sampling settings). `mode`: `replay` answers only from the file
+canonical request (messages + sampling settings, + the constraint's key when there is one). `mode`: `replay` answers only from the file
 (a miss is an error naming the file and key: tests are offline and deterministic), `record`
 always calls the model and appends, `auto` replays what is there and records the rest, `off`
 ignores the file. Departure from DSPy's own cache: ours is a reviewable text file that ships
@@ -49,6 +54,8 @@ from pydantic import BaseModel, ConfigDict, Field  # noqa: E402
 
 from coevo.errors import CoevoError  # noqa: E402
 from coevo.models.base import Request, Sampling  # noqa: E402
+from coevo.models.constrain import Constraint  # noqa: E402
+from coevo.models.grammars import clean_schema  # noqa: E402
 
 CassetteMode = Literal["record", "replay", "auto", "off"]
 
@@ -73,7 +80,7 @@ class ProposerModel(BaseModel):
     top_p: float = Field(0.95, gt=0.0, le=1.0)
     top_k: int = Field(50, ge=0)
     seed: int | None = 0
-    json_schema: bool = False  # llamacpp only: force the signature's JSON with a grammar
+    json_schema: bool = True  # constrain decoding to the signature's output JSON Schema
 
     @classmethod
     def parse(cls, model: "ProposerModel | str | dict[str, Any] | None") -> "ProposerModel":
@@ -108,10 +115,14 @@ class ProgramCall(BaseModel):
 # --- cassettes -----------------------------------------------------------------------------------
 
 
-def exchange_key(messages: list[dict[str, Any]], sampling: dict[str, Any]) -> str:
-    """sha256 of the canonical request: what the model saw and how it was asked to sample."""
-    blob = json.dumps({"messages": messages, "sampling": sampling}, sort_keys=True,
-                      ensure_ascii=False, separators=(",", ":"))
+def exchange_key(messages: list[dict[str, Any]], sampling: dict[str, Any],
+                 constraint: str | None = None) -> str:
+    """sha256 of the canonical request: what the model saw, how it was asked to sample and
+    (when constrained) the key of the grammar it had to follow."""
+    request: dict[str, Any] = {"messages": messages, "sampling": sampling}
+    if constraint is not None:
+        request["constraint"] = constraint
+    blob = json.dumps(request, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -145,9 +156,9 @@ class Cassette:
                              "(re-record with mode=record, or the prompt changed)")
 
     def answer(self, messages: list[dict[str, Any]], sampling: dict[str, Any],
-               generate: Any) -> str:
+               generate: Any, constraint: str | None = None) -> str:
         """The recorded output for this request, else `generate()` (recorded per the mode)."""
-        key = exchange_key(messages, sampling)
+        key = exchange_key(messages, sampling, constraint)
         output = self.lookup(key)
         if output is None:
             self.miss(key)
@@ -196,7 +207,6 @@ class BackendEngine:
     def __init__(self, model: ProposerModel, cassette: Cassette | None = None,
                  backend: Any = None):
         self.model, self.cassette, self._backend = model, cassette, backend
-        self._by_schema: dict[str, Any] = {}
         self.calls = 0  # model calls actually made (cassette hits excluded)
         self.tokens = 0  # their prompt + output tokens (a replayed exchange computed none)
 
@@ -204,19 +214,16 @@ class BackendEngine:
     def name(self) -> str:
         return getattr(self._backend, "name", None) or self.model.backend
 
-    def backend(self) -> Any:
+    def constraint(self) -> Constraint | None:
+        """The running program's output schema as a decoding constraint (None: off / none)."""
         schema = _OUTPUT_SCHEMA.get()
-        if self.model.json_schema and schema is not None:
-            key = json.dumps(schema, sort_keys=True)
-            if key not in self._by_schema:
-                from coevo.models.registry import load_backend
+        if not self.model.json_schema or schema is None:
+            return None
+        # Closed objects: exactly the signature's keys (an open object lets a small model keep
+        # writing invented keys until max_tokens cuts the JSON).
+        return Constraint.of_json_schema(clean_schema(schema), source="proposer output schema")
 
-                if not self.model.backend.startswith("llamacpp"):
-                    raise CoevoError(f"proposer model {self.model.backend!r}: json_schema needs "
-                                     "the llamacpp backend (a grammar forces the JSON)")
-                self._by_schema[key] = load_backend(self.model.backend, json_schema=schema,
-                                                    **self.model.options)
-            return self._by_schema[key]
+    def backend(self) -> Any:
         if self._backend is None:
             from coevo.models.registry import load_backend
 
@@ -235,16 +242,20 @@ class BackendEngine:
     def complete(self, request: Any) -> Response:
         messages = request_messages(request)
         sampling = self.sampling(request)
+        constraint = self.constraint()
         output = (self.cassette.answer(messages, sampling.model_dump(mode="json"),
-                                       lambda: self._generate(messages, sampling))
-                  if self.cassette else self._generate(messages, sampling))
+                                       lambda: self._generate(messages, sampling, constraint),
+                                       constraint.key if constraint is not None else None)
+                  if self.cassette else self._generate(messages, sampling, constraint))
         return Response(id=None, model=self.name, message=Message.assistant([TextPart(output)]),
                         finish_reason="stop", usage=Usage(input_tokens=0, output_tokens=0,
                                                           total_tokens=0))
 
-    def _generate(self, messages: list[dict[str, Any]], sampling: Sampling) -> str:
+    def _generate(self, messages: list[dict[str, Any]], sampling: Sampling,
+                  constraint: Constraint | None = None) -> str:
         self.calls += 1
-        [[c]] = self.backend().generate([Request(messages=messages, sampling=sampling)])
+        [[c]] = self.backend().generate([Request(messages=messages, sampling=sampling,
+                                                 constraint=constraint)])
         # Prefilled + generated tokens, the budget's unit (coevo/ledger.py); a backend that
         # returns no token ids (a hosted API) is estimated at 4 characters a token.
         self.tokens += (len(c.prompt_ids) + len(c.token_ids) if c.token_ids or c.prompt_ids else

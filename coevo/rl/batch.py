@@ -23,6 +23,7 @@ import torch
 
 from coevo.errors import CoevoError
 from coevo.rl.grpo import Scale, group_advantages, groups_with_signal
+from coevo.rl.processing import TokenProcessing, WindowProcessing, window_processing
 from coevo.trajectory import Trajectory
 
 PAD_ID = 0  # any valid id: padded positions are masked and, right-padded, never attended to
@@ -49,6 +50,8 @@ class Sample:
     reward: float
     prompt_len: int
     ref_logp: torch.Tensor | None = None  # [n], filled by the trainer when kl_coef > 0
+    # How each policy token was drawn (None: raw, unconstrained); see coevo/rl/processing.py.
+    processing: TokenProcessing | None = None
 
     @property
     def n(self) -> int:
@@ -87,8 +90,10 @@ class Plan:
         return [s for g in self.groups for s in g.samples]
 
 
-def to_sample(traj: Trajectory, advantage: float, need_logprobs: bool = True) -> Sample:
-    """Validate one trajectory for training and convert it to tensors."""
+def to_sample(traj: Trajectory, advantage: float, need_logprobs: bool = True,
+              processed: bool = True) -> Sample:
+    """Validate one trajectory for training and convert it to tensors; `processed` keeps how
+    its tokens were sampled (GRPO), False scores them raw (SFT)."""
     tid = traj.id
     if not traj.trainable:
         raise TrajectoryError(tid, "trainable", "is False (the backend returned no token ids "
@@ -115,6 +120,7 @@ def to_sample(traj: Trajectory, advantage: float, need_logprobs: bool = True) ->
         traj_id=tid, group=traj.group_id or tid, ids=torch.tensor(traj.token_ids, dtype=torch.long),
         mask=mask, old_logp=old * mask, advantage=float(advantage),
         reward=float(traj.reward if traj.reward is not None else 0.0), prompt_len=traj.prompt_len,
+        processing=TokenProcessing.of(traj) if processed else None,
     )
 
 
@@ -179,7 +185,8 @@ def plan_sft(trajs: Sequence[Trajectory]) -> Plan:
     good = [t for t in ok if t.success]
     out = []
     for gid, members in _by_group(good).items():
-        g = _make_group(gid, [to_sample(t, 1.0, need_logprobs=False) for t in members])
+        g = _make_group(gid, [to_sample(t, 1.0, need_logprobs=False, processed=False)
+                              for t in members])
         if g is not None:
             out.append(g)
     rs = [float(t.reward) for t in ok if t.reward is not None]
@@ -201,6 +208,7 @@ class MicroBatch:
     ref_logp: torch.Tensor | None  # [B, W]
     advantages: torch.Tensor  # [B]
     cost: int = field(default=0)  # tokens through the model (shared prompt counted once)
+    processing: WindowProcessing | None = None  # how the scored tokens were sampled
 
     @property
     def width(self) -> int:
@@ -210,7 +218,8 @@ class MicroBatch:
         move = lambda t: t.to(device) if t is not None else None  # noqa: E731
         return MicroBatch(self.samples, move(self.prompt_ids), move(self.input_ids), self.start,
                           move(self.targets), move(self.mask), move(self.old_logp),
-                          move(self.ref_logp), move(self.advantages), self.cost)
+                          move(self.ref_logp), move(self.advantages), self.cost,
+                          self.processing)
 
 
 def _window(samples: Sequence[Sample], start: int, width: int, attr: str) -> torch.Tensor:
@@ -238,9 +247,10 @@ def make_microbatch(samples: Sequence[Sample], shared_len: int = 0) -> MicroBatc
         prompt = None
         input_ids = _window(samples, 0, full, "ids")  # [B, T] whole sequences
         targets = input_ids[:, start:]
+    mask = _window(samples, start, width, "mask")
     return MicroBatch(
         samples=samples, prompt_ids=prompt, input_ids=input_ids, start=start, targets=targets,
-        mask=_window(samples, start, width, "mask"),
+        mask=mask, processing=window_processing(samples, start, width, mask),
         old_logp=_window(samples, start, width, "old_logp"),
         ref_logp=_window(samples, start, width, "ref_logp") if with_ref else None,
         advantages=torch.tensor([s.advantage for s in samples], dtype=torch.float32),

@@ -224,6 +224,8 @@ def rl_stage(store: Any, run: str, round: int, env: str | Environment, assets: A
 
     t_stage = time.perf_counter()
     env = resolve_env(env)
+    if getattr(trainer, "tokenizer", None) is None and tokenizer is not None:
+        trainer.tokenizer = tokenizer  # replays the grammar of constrained turns
     run_rec = store.get_run(run)
     store.get_round(run_rec.id, round)  # a clear NotFound before any rollout
     hashes = assets.put(store)

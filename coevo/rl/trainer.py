@@ -28,12 +28,12 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from coevo.errors import InfraError
+from coevo.errors import CoevoError, InfraError
 from coevo.rl.batch import (
     Group,
     MicroBatch,
@@ -49,6 +49,7 @@ from coevo.rl.batch import (
 from coevo.rl.config import TrainConfig
 from coevo.rl.grpo import masked_nll, policy_loss
 from coevo.rl.lora import apply_lora
+from coevo.rl.processing import replay, scored_logprobs
 from coevo.trajectory import Trajectory
 
 log = logging.getLogger("coevo.rl")
@@ -97,12 +98,21 @@ def _cache_kwarg(model: torch.nn.Module) -> str:
     return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
+def _scored(logits: torch.Tensor, mb: MicroBatch) -> torch.Tensor:
+    """[B, W, V] logits -> [B, W] log-probs of the window's tokens: under the distribution each
+    was sampled from (coevo/rl/processing.py), or the raw one when all were sampled raw."""
+    wp = mb.processing
+    if wp is None or wp.plain:
+        return token_logprobs(logits, mb.targets)
+    return scored_logprobs(logits, mb.targets, mb.mask, wp)
+
+
 def window_logprobs(model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
     """Log-probs [B, W] of the micro-batch's window tokens under `model` (grad if enabled)."""
     if mb.prompt_ids is None:
         # Keep only the logits that score the window: positions start-1 .. T-1 (last dropped).
         out = model(input_ids=mb.input_ids, use_cache=False, logits_to_keep=mb.width + 1)
-        return token_logprobs(out.logits[:, :-1], mb.targets)
+        return _scored(out.logits[:, :-1], mb)
     kw = _cache_kwarg(model)
     b = mb.input_ids.shape[0]
     head = model(input_ids=mb.prompt_ids[None], use_cache=True, logits_to_keep=1)
@@ -111,7 +121,7 @@ def window_logprobs(model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
     tail = model(input_ids=mb.input_ids, use_cache=True, **{kw: cache})  # logits [B, W, V]
     first = head.logits[:, -1:, :].expand(b, 1, -1)  # [B, 1, V] scores continuation token 0
     logits = torch.cat([first, tail.logits[:, :-1]], dim=1)  # [B, W, V]
-    return token_logprobs(logits, mb.targets)
+    return _scored(logits, mb)
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -125,8 +135,11 @@ class Trainer:
     """Holds the policy and its optimizer; one `step` per batch of trajectories."""
 
     def __init__(self, model: torch.nn.Module, config: TrainConfig | None = None,
-                 base_model: str = ""):
+                 base_model: str = "", tokenizer: Any = None):
         self.config = config or TrainConfig()
+        # Needed only to replay the grammar of constrained turns (coevo/rl/processing.py).
+        self.tokenizer = tokenizer
+        self._grammars: Any = None
         self.base_model = base_model or getattr(getattr(model, "config", None), "name_or_path", "")
         # Seeded before LoRA init (A is random) so two trainers built alike are identical.
         torch.manual_seed(self.config.seed)
@@ -211,6 +224,28 @@ class Trainer:
         self.model.train(was_training)
         return [out[i] for i in range(len(samples))]
 
+    def _replay_grammars(self, samples: Sequence[Sample]) -> None:
+        """Rebuild the grammar masks of constrained turns (the sampler's, token for token)."""
+        todo = [s for s in samples if s.processing is not None and s.processing.spans]
+        if not todo:
+            return
+        if self._grammars is None:
+            if self.tokenizer is None:
+                raise TrajectoryError(todo[0].traj_id, "turns.constraint",
+                                      "constrained turns need the trainer's tokenizer "
+                                      "(Trainer(..., tokenizer=)) to replay their grammar")
+            from coevo.models.masks import Grammars
+            from coevo.models.hf import eos_ids
+
+            self._grammars = Grammars(self.tokenizer, eos_ids(self.tokenizer, self.model))
+        for s in todo:
+            if s.processing.replayed:
+                continue
+            try:
+                replay(s.processing, s.ids.tolist(), self._grammars)
+            except CoevoError as exc:
+                raise TrajectoryError(s.traj_id, "turns.constraint", str(exc)) from None
+
     # -- steps ------------------------------------------------------------------------------
     def _update(self, samples: Sequence[Sample], loss_of) -> tuple[list[dict[str, float]], int, float]:
         self.model.train()
@@ -240,6 +275,7 @@ class Trainer:
         plan = plan_grpo(trajectories, c.advantage_scale, c.advantage_eps,
                          need_logprobs=not recompute)
         samples = plan.samples
+        self._replay_grammars(samples)
         if samples and c.kl_coef > 0:
             for s, ref in zip(samples, self.sequence_logprobs(samples, reference=True)):
                 s.ref_logp = ref.cpu()

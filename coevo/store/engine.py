@@ -7,6 +7,11 @@ failed migration left half-applied) and would upgrade a reader to a writer lazil
 mode fails at once with "database is locked" instead of waiting; taking the write lock up front
 makes concurrent writers (Ray workers) queue, which SQLite makes them do anyway. The price:
 read-only transactions queue behind writers too.
+
+A read-only engine (`readonly=True`, what `coevo serve` opens) is the opposite: plain deferred
+`BEGIN` (in WAL mode a reader never waits for, nor blocks, the loop's writers) and
+`PRAGMA query_only`, so SQLite itself refuses any write; on PostgreSQL every transaction is
+`READ ONLY`. It neither creates a missing SQLite file nor changes the journal mode.
 """
 
 from __future__ import annotations
@@ -35,8 +40,9 @@ def resolve_url(url: str | None = None) -> str:
     return url
 
 
-def make_engine(url: str) -> sa.Engine:
-    """An engine with coevo's connection settings (see the module docstring for SQLite)."""
+def make_engine(url: str, readonly: bool = False) -> sa.Engine:
+    """An engine with coevo's connection settings (see the module docstring for SQLite and for
+    `readonly`)."""
     # JSON columns go through pydantic-core's Rust encoder: 3-5x faster than json.dumps on the
     # trajectory insert path, and it serialises pydantic models (a trajectory's turns) as they
     # are. NaN / inf become null (PostgreSQL's JSONB rejects them anyway).
@@ -44,26 +50,39 @@ def make_engine(url: str) -> sa.Engine:
     try:
         u = sa.make_url(url)
         if u.get_backend_name() != "sqlite":
+            if readonly:
+                json_args["connect_args"] = {"options": "-c default_transaction_read_only=on"}
             return sa.create_engine(u, pool_pre_ping=True, **json_args)
     except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError, ImportError) as e:
         raise CoevoError(f"database URL {_safe(url)} (argument or $COEVO_DB): {e}") from None
+    if readonly:
+        if not u.database or u.database == ":memory:" or not Path(u.database).is_file():
+            raise CoevoError(f"no store at {_safe(url)}: the file does not exist "
+                             "(coevo init or coevo quickstart creates one)")
+        return _sqlite_settings(sa.create_engine(u, **json_args), "BEGIN",
+                                "query_only=ON", "busy_timeout=30000")
     if u.database and u.database != ":memory:":
         Path(u.database).parent.mkdir(parents=True, exist_ok=True)
-    engine = sa.create_engine(u, **json_args)
+    # WAL + synchronous NORMAL: a power cut may lose the last commits, never corrupts.
+    return _sqlite_settings(sa.create_engine(u, **json_args), "BEGIN IMMEDIATE", "foreign_keys=ON",
+                            "journal_mode=WAL", "synchronous=NORMAL", "busy_timeout=30000")
+
+
+def _sqlite_settings(engine: sa.Engine, begin: str, *pragmas: str) -> sa.Engine:
+    """Run `pragmas` on every new connection and open each transaction with `begin`
+    (pysqlite's own transaction handling is off: see the module docstring)."""
 
     @sa.event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
         dbapi_conn.isolation_level = None  # we emit BEGIN ourselves (below)
         cur = dbapi_conn.cursor()
-        cur.execute("PRAGMA foreign_keys=ON")
-        cur.execute("PRAGMA journal_mode=WAL")
-        cur.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: a power cut may lose the last commits, never corrupts
-        cur.execute("PRAGMA busy_timeout=30000")
+        for pragma in pragmas:
+            cur.execute(f"PRAGMA {pragma}")
         cur.close()
 
     @sa.event.listens_for(engine, "begin")
     def _on_begin(conn: sa.Connection) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        conn.exec_driver_sql(begin)
 
     return engine
 
