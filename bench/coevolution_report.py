@@ -102,7 +102,8 @@ def write_data(rep: dict[str, Any], path: Path) -> Path:
     """The report as a small JSON (what --report-only rebuilds the page from)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(rep, indent=1, sort_keys=True, default=str) + "\n")
+    # Key order kept as it is (no sort_keys): the page shows the configs in their own order.
+    path.write_text(json.dumps(rep, indent=1, default=str) + "\n")
     return path
 
 

@@ -179,7 +179,9 @@ def _report(tmp_path) -> dict:
     return {"date": "2026-12-03 00:00 UTC", "command": "python bench/coevolution.py", "small": False,
             "seeds": 2, "budget": {"toy:env": 500}, "budget_units": 10, "proposers": ["demos"],
             "proposer_model": "embedded", "machine": "m", "seconds": 60.0, "estimate_s": 60.0,
-            "configs": {"toy:env": {"env": "toy:env"}}, "base_val": {"toy:env": 0.1},
+            "configs": {"toy:env": {"env": "toy:env", "model": {"backend": "embedded"},
+                                    "gate": {"name": "paired", "alpha": 0.05}}},
+            "base_val": {"toy:env": 0.1},
             "runs": runs, "null": None, "data": "bench/data/coevolution.json"}
 
 
