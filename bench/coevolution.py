@@ -64,9 +64,10 @@ from coevo.errors import CoevoError  # noqa: E402
 BENCH_CONFIGS = REPO / "training" / "bench"
 DATA = REPO / "bench" / "data" / "coevolution.json"
 EXTRA_TEST = {"bfcl:simple_python": ["bfcl:multiple"]}  # final test also on these envs
-# Rough wall seconds per budget unit (one seed-incumbent val episode's tokens) on 2 cores, the
-# val curve, tests and proposer latency included. For the up-front estimate only.
-SEC_PER_UNIT = {"bfcl": 2.5, "rg": 2.0}
+# Rough wall seconds per budget unit (one seed-incumbent val episode's tokens) on a quiet 2-core
+# machine, the val curve, tests and proposer latency included: the previous full run took 95 min
+# for 2,560 rollout-equivalents, about 2 of these units each. For the up-front estimate only.
+SEC_PER_UNIT = {"bfcl": 1.2, "rg": 1.0}
 CALL_GUESS = 2500  # tokens of an LLM proposer call before one is measured (prompt + 320 out)
 SMALL = {  # --small: the pipeline end to end, not the numbers
     "rl": {"stage": {"steps": 2, "tasks_per_step": 2, "samples": 2, "checkpoint_every": 2}},
