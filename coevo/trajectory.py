@@ -96,7 +96,10 @@ class Trajectory(BaseModel):
     harness: str | None = None  # content hashes of the asset versions used
     skill_library: str | None = None
     rubric: str | None = None
-    checkpoint: str | None = None
+    checkpoint: str | None = None  # the newest stored checkpoint the sampling policy descends from
+    # RL rollouts: trainer steps applied to the weights that sampled (None outside RL). The exact
+    # weights are `checkpoint` when its step equals this, else it plus the run's later updates.
+    policy_step: int | None = None
     model: str = ""
     timings: dict[str, float] = Field(default_factory=dict)
 

@@ -35,7 +35,7 @@ def test_blank_database_migrates_to_the_orm_schema(db_url):
     store = Store(make_engine(db_url))
     assert store.current_revision() is None
     store.upgrade()
-    assert store.current_revision() == store.head_revision() == "0004"
+    assert store.current_revision() == store.head_revision() == HEAD
     with store.engine.connect() as conn:
         diffs = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}),
                                  Base.metadata)
@@ -56,6 +56,9 @@ def test_schema_checker_sees_a_difference(db_url):
     assert added == {"budgets"}
     assert {"ix_trajectories_harness_hash", "ix_proposals_run_id_status"} <= indexes
     store.close()
+
+
+HEAD = "0005"
 
 
 def _insert(conn: sa.Connection, table: str, **values) -> None:
@@ -95,7 +98,7 @@ def test_upgrade_from_0001_keeps_data(db_url):
     old.close()
 
     store = Store.open(db_url)  # opening migrates to head
-    assert store.current_revision() == "0004"
+    assert store.current_revision() == HEAD
     assert store.get_asset("testmignote", "seed") == child  # latest version of that name
     assert [r.hash for r in store.ancestors(child.hash)] == [note.hash]
     assert store.get_run("old-run").config == {"seed": 1}
@@ -113,7 +116,7 @@ def test_database_from_a_newer_coevo_is_a_clear_error(db_url):
     store = Store.open(db_url)
     with store.engine.begin() as conn:
         conn.execute(sa.text("UPDATE alembic_version SET version_num = '9999'"))
-    with pytest.raises(CoevoError, match="9999.*newest revision is 0004"):
+    with pytest.raises(CoevoError, match=f"9999.*newest revision is {HEAD}"):
         store.upgrade()
     store.close()
 
@@ -121,7 +124,7 @@ def test_database_from_a_newer_coevo_is_a_clear_error(db_url):
 def test_open_without_migrate_leaves_blank_database(tmp_path):
     store = Store.open(str(tmp_path / "x.db"), migrate=False)
     assert store.current_revision() is None
-    assert store.head_revision() == "0004"
+    assert store.head_revision() == HEAD
     store.upgrade("0001")
     assert store.current_revision() == "0001"
     store.close()
@@ -170,7 +173,7 @@ def test_upgrade_from_0003_keeps_data_and_enforces_the_idempotency_keys(db_url):
     old.close()
 
     store = Store.open(db_url)
-    assert store.current_revision() == "0004"
+    assert store.current_revision() == HEAD
     [d] = store.decisions("p1")
     assert (d.reason, d.metric, d.stages, d.statistic) == ("ok", "", [], {"p_value": 0.01})
     [e] = d.evidence
@@ -192,4 +195,28 @@ def test_upgrade_from_0003_keeps_data_and_enforces_the_idempotency_keys(db_url):
     with store.engine.begin() as conn, pytest.raises(sa.exc.IntegrityError):
         _insert(conn, "budgets", run_id="run1", round=0, kind="rollouts", amount=1.0,
                 key="rl:0:1", created_at=now)  # the constraint itself, below the API
+    store.close()
+
+
+def test_upgrade_from_0004_adds_policy_step_and_keeps_trajectories(db_url):
+    """Revision 0005: trajectories stored before it read back with policy_step None; new RL
+    rollouts store theirs."""
+    old = Store(make_engine(db_url))
+    old.upgrade("0004")
+    now = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    with old.engine.begin() as conn:
+        _insert(conn, "trajectories", id="t1", env="toy", task_id="k1", split="train",
+                sample_index=0, seed=3, status="ok", success=True, outcome=1.0, reward=1.0,
+                criteria=json.dumps({}), messages=json.dumps([]), turns=json.dumps([]),
+                token_ids=codec.pack_ids([1, 2]), loss_mask=codec.pack_mask([0, 1]),
+                logprobs=codec.pack_logprobs([0.0, -0.5]), n_tokens=2, prompt_len=1,
+                trainable=True, active_skills=json.dumps([]), model="m",
+                timings=json.dumps({}), created_at=now)
+    old.close()
+    store = Store.open(db_url)
+    assert store.current_revision() == HEAD
+    [t] = store.trajectories(ids=["t1"])
+    assert t.policy_step is None and t.logprobs == [0.0, -0.5]
+    store.add_trajectories([t.model_copy(update={"id": "t2", "policy_step": 7})])
+    assert store.trajectories(ids=["t2"])[0].policy_step == 7
     store.close()

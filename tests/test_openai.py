@@ -237,8 +237,10 @@ def test_guided_field_style_for_older_vllm_servers(server):
     server.constrained_text = "no"
     c = b.generate([chat("ok?", Constraint.of_lark(LARK)),
                     ids_request(Constraint.of_regex("n.*"))])
-    assert server.seen[0]["guided_grammar"] == "%llguidance {}\n" + LARK
-    assert server.seen[1]["guided_regex"] == "n.*"
+    # The two requests are sent concurrently: find each by its endpoint, not its order.
+    by_path = {s["path"]: s for s in server.seen}
+    assert by_path["/v1/chat/completions"]["guided_grammar"] == "%llguidance {}\n" + LARK
+    assert by_path["/v1/completions"]["guided_regex"] == "n.*"
     assert not any("structured_outputs" in s for s in server.seen)
     assert [g[0].text for g in c] == ["no", "no"] and c[0][0].error is None
 

@@ -78,8 +78,11 @@ def test_stage_trains_stores_trajectories_and_checkpoints(tiny_dir, tmp_path):
     assert all(t.harness == ASSETS.harness.hash for t in trajs)
     steps = [trajs[k * 12:(k + 1) * 12] for k in range(3)]
     assert [{t.model for t in s} for s in steps] == [{"tiny@step-0"}, {"tiny@step-1"}, {"tiny@step-2"}]
-    # steps 0-1 sampled from the base (no checkpoint yet); step 2 from the policy saved as c2
+    # steps 0-1 sampled from the base (no checkpoint yet); step 2 from the policy saved as c2;
+    # policy_step names the exact weights: a rollout of step s saw s updates (c2 = 2 updates)
     assert [{t.checkpoint for t in s} for s in steps] == [{None}, {None}, {c2.id}]
+    assert [{t.policy_step for t in s} for s in steps] == [{0}, {1}, {2}]
+    assert steps[2][0].policy_step == c2.step
     run_id = store.get_run("r").id
     assert steps[1][0].id == trajectory_id(run_id, 0, 1, steps[1][0].task_id, 0)
     # the logged reward is the stored rollouts' mean reward

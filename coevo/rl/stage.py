@@ -277,7 +277,8 @@ def rl_stage(store: Any, run: str, round: int, env: str | Environment, assets: A
         t_roll = time.perf_counter() - t0
         _refuse_untrainable(trajs, policy)
         trajs = [t.model_copy(update={"id": trajectory_id(run_rec.id, round, s, t.task_id,
-                                                          t.sample_index)}) for t in trajs]
+                                                          t.sample_index), "policy_step": s})
+                 for t in trajs]
         _store_new(store, trajs, run_rec.id, round)
         stats = trainer.train_step(trajs)
         sampled = sum(t.sampled_tokens for t in trajs)

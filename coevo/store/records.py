@@ -202,7 +202,8 @@ def trajectory_row(t: Trajectory, run_id: str | None, round: int | None,
         "logprobs": codec.pack_logprobs(t.logprobs), "n_tokens": len(t.token_ids),
         "prompt_len": t.prompt_len, "trainable": t.trainable, "active_skills": t.active_skills,
         "harness_hash": t.harness, "skill_library_hash": t.skill_library,
-        "rubric_hash": t.rubric, "checkpoint_id": t.checkpoint, "model": t.model,
+        "rubric_hash": t.rubric, "checkpoint_id": t.checkpoint, "policy_step": t.policy_step,
+        "model": t.model,
         "timings": t.timings, "created_at": now,
     }
 
@@ -218,5 +219,6 @@ def trajectory_from_row(r: Any) -> Trajectory:
         "reward": r.reward, "status": r.status, "error": r.error,
         "active_skills": r.active_skills, "harness": r.harness_hash,
         "skill_library": r.skill_library_hash, "rubric": r.rubric_hash,
-        "checkpoint": r.checkpoint_id, "model": r.model, "timings": r.timings,
+        "checkpoint": r.checkpoint_id, "policy_step": r.policy_step, "model": r.model,
+        "timings": r.timings,
     })

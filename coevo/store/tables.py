@@ -212,6 +212,7 @@ class Trajectory(Base):
     skill_library_hash: Mapped[str | None] = _asset_fk()
     rubric_hash: Mapped[str | None] = _asset_fk()
     checkpoint_id: Mapped[str | None] = mapped_column(ID, sa.ForeignKey("checkpoints.id"))
+    policy_step: Mapped[int | None] = mapped_column(sa.Integer)  # RL rollouts: trainer steps
     model: Mapped[str] = mapped_column(sa.String(300))
     timings: Mapped[dict] = mapped_column(JSONType)
     created_at: Mapped[datetime] = _created()
