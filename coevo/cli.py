@@ -15,6 +15,7 @@ from rich.table import Table
 
 from coevo.errors import CoevoError
 from coevo.terminal import escaped, safe
+from coevo.train_settings import TrainSettings, resume_settings, stored_agent_assets
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__.split("\n")[0])
 harness_app = typer.Typer(no_args_is_help=True, help="Harness versions: list, show, diff, export.")
@@ -296,14 +297,15 @@ def eval_cmd(
 @app.command("train")
 @_cli
 def train_cmd(
-    harness: str = typer.Option(..., "--harness", help="Harness name, hash or hash prefix."),
-    env: str = typer.Option(..., "--env", help="e.g. bfcl:simple_python"),
+    ctx: typer.Context,
+    harness: Optional[str] = typer.Option(None, "--harness", help="Harness name, hash or hash prefix (with --resume: the stored one)."),
+    env: Optional[str] = typer.Option(None, "--env", help="e.g. bfcl:simple_python (with --resume: the stored one)"),
     steps: int = typer.Option(10, "--steps"),
     group_size: int = typer.Option(4, "--group-size", help="G: samples per task (GRPO group)."),
     tasks_per_step: int = typer.Option(4, "--tasks-per-step"),
     model: str = typer.Option("embedded", "--model", help="embedded | hf:PATH (local weights)"),
     run: Optional[str] = typer.Option(None, "--run", help="Run name (default: train-<harness>-<env>)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue the run from its latest checkpoint."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run from its latest checkpoint, with the settings it was started with (a differing flag is refused)."),
     lr: float = typer.Option(1e-4, "--lr"),
     lora_rank: int = typer.Option(16, "--lora-rank"),
     checkpoint_every: int = typer.Option(5, "--checkpoint-every"),
@@ -325,21 +327,41 @@ def train_cmd(
     from coevo.rl.trainer import Trainer
 
     store = _store(db)
-    assets = load_agent_assets(store, harness, rubric, skills)
+    given = {"env": env, "model": model, "steps": steps, "group_size": group_size,
+             "tasks_per_step": tasks_per_step, "lr": lr, "lora_rank": lora_rank,
+             "checkpoint_every": checkpoint_every, "warmup_steps": warmup_steps, "seed": seed}
+    assets = load_agent_assets(store, harness, rubric, skills) if harness else None
+    if assets is not None:
+        given.update(harness=assets.harness.hash, rubric=assets.rubric and assets.rubric.hash,
+                     skill_library=assets.library and assets.library.hash)
+    if run is None and not (harness and env):
+        raise CoevoError("train: give --harness and --env (or --run NAME with --resume)")
     name = run or f"train-{assets.harness.name}-{env.replace(':', '-')}"
     if resume:
         rec = store.get_run(name)
+        # typer vendors click: compare the source by name, not with click's enum
+        explicit = {k for k in given if getattr(ctx.get_parameter_source(
+            "skills" if k == "skill_library" else k), "name", None) == "COMMANDLINE"}
+        settings = resume_settings(name, rec.config, given, explicit)
+        if settings.harness is None:
+            raise CoevoError(f"run {name!r} stores no harness: give --harness")
+        assets = stored_agent_assets(store, settings)
     else:
-        rec = store.create_run(name, config={"command": "train", "env": env, "model": model,
-                                             "steps": steps, "seed": seed}, mode="weight-only")
+        if assets is None or env is None:
+            raise CoevoError("train: give --harness and --env")
+        settings = TrainSettings(**given)
+        rec = store.create_run(name, config=settings.model_dump(), mode="weight-only")
         store.start_round(rec.id, 0)
+    env, model, steps = settings.env, settings.model, settings.steps
     with console.status(f"loading {escaped(model)}"):
         backend = load_backend(model)
-    lora = LoraSettings(rank=lora_rank, alpha=2.0 * lora_rank)
-    trainer = Trainer(backend.model, TrainConfig(lr=lr, lora=lora, seed=seed, warmup_steps=warmup_steps),
+    lora = LoraSettings(rank=settings.lora_rank, alpha=2.0 * settings.lora_rank)
+    trainer = Trainer(backend.model, TrainConfig(lr=settings.lr, lora=lora, seed=settings.seed,
+                                                 warmup_steps=settings.warmup_steps),
                       base_model=model, tokenizer=backend.tokenizer)
-    cfg = StageConfig(steps=steps, tasks_per_step=tasks_per_step, samples=group_size, seed=seed,
-                      checkpoint_every=checkpoint_every)
+    cfg = StageConfig(steps=steps, tasks_per_step=settings.tasks_per_step,
+                      samples=settings.group_size, seed=settings.seed,
+                      checkpoint_every=settings.checkpoint_every)
     from coevo.executors import LocalExecutor, make_executor
 
     remote = None
@@ -368,7 +390,8 @@ def train_cmd(
         remote.close()
     store.finish_round(rec.id, 0, summary={"rl": result.model_dump(mode="json")})
     console.print(f"run {escaped(name)}: steps {result.start_step}..{result.end_step}, checkpoint {result.checkpoint}; "
-                  f"evaluate with: coevo eval --harness {harness} --env {env} --checkpoint {result.checkpoint}",
+                  f"evaluate with: coevo eval --harness {assets.harness.hash[:12]} --env {escaped(env)} "
+                  f"--checkpoint {result.checkpoint}",
                   highlight=False)
 
 
