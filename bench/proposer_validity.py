@@ -42,6 +42,7 @@ ENVS = {
     "bfcl": ("bfcl:simple_python", "function_calling", "function_calling"),
 }
 DATA = ROOT / "bench" / "data"
+PARTIAL = DATA / "proposer_validity.partial.jsonl"  # rows so far (removed once the run ends)
 
 
 def seeds() -> dict:
@@ -97,7 +98,9 @@ def measure(proposers: list[str], max_tokens: int) -> dict:
 
     contexts = json.loads((DATA / "proposer_contexts.json").read_text())
     backend = load_backend("embedded")
-    rows = []
+    # Rows are appended as they are measured, so a stopped run resumes where it stopped.
+    rows = [json.loads(x) for x in PARTIAL.read_text().splitlines()] if PARTIAL.exists() else []
+    done = {(r["env"], r["context"], r["proposer"], r["constrained"]) for r in rows}
     for ctx_data in contexts:
         inc = incumbent(ctx_data["env"])
         trajs = [Trajectory.model_validate(t) for t in ctx_data["trajectories"]]
@@ -105,20 +108,26 @@ def measure(proposers: list[str], max_tokens: int) -> dict:
                               harnesses={inc.harness.hash: inc.harness}, seed=ctx_data["seed"])
         for name in proposers:
             for constrained in (False, True):
+                if (ctx_data["env"], ctx_data["seed"], name, constrained) in done:
+                    continue
                 model = {"backend": "embedded", "max_tokens": max_tokens,
                          "json_schema": constrained}
                 p = make_proposer(name, model=model, backend=backend)
                 t0 = time.perf_counter()
                 cands = p.propose(ctx)
                 secs = time.perf_counter() - t0
-                for c in cands:
-                    rows.append({"env": ctx_data["env"], "context": ctx_data["seed"],
-                                 "proposer": name, "constrained": constrained,
-                                 "invalid": c.asset is None, "error": c.error,
-                                 "raw": c.raw_output[:400], "seconds": secs / max(len(cands), 1)})
+                new = [{"env": ctx_data["env"], "context": ctx_data["seed"],
+                        "proposer": name, "constrained": constrained,
+                        "invalid": c.asset is None, "error": c.error,
+                        "raw": c.raw_output[:400], "seconds": secs / max(len(cands), 1)}
+                       for c in cands]
+                rows += new
+                with PARTIAL.open("a") as f:
+                    f.writelines(json.dumps(r) + "\n" for r in new)
+                errors = "; ".join((c.error or "")[:160] for c in cands if c.asset is None)
                 print(f"{ctx_data['env']}#{ctx_data['seed']} {name} constrained={constrained}: "
                       f"{sum(c.asset is None for c in cands)}/{len(cands)} invalid "
-                      f"({secs:.0f} s)", flush=True)
+                      f"({secs:.0f} s){': ' + errors if errors else ''}", flush=True)
     return {"max_tokens": max_tokens, "rows": rows}
 
 
@@ -153,6 +162,12 @@ def main() -> None:
     if not args.report_only:
         data = measure(args.proposers.split(","), args.max_tokens)
         out.write_text(json.dumps(data, indent=1))
+        PARTIAL.unlink(missing_ok=True)
+    if args.report_only and PARTIAL.exists():  # a run still going, or stopped: what it has
+        rows = [json.loads(x) for x in PARTIAL.read_text().splitlines()]
+        print(f"(partial: {len(rows)} candidates measured so far)")
+        print(report({"rows": rows}))
+        return
     print(report(json.loads(out.read_text())))
 
 
