@@ -3,17 +3,20 @@ rubric, every step recorded in the store so a crashed run resumes where it stopp
 
     incumbent = seed assets (+ the run's latest checkpoint)
     for round r:
+        incumbent = incumbent.with(approved by review)         # gate.human_review only
         C      = rl_stage(C, incumbent, train split)          # skipped in harness-only mode
         trajs  = store.trajectories(run, r, split="train")
         cands  = proposers.propose(incumbent, trajs)           # skipped in weight-only mode
         for cand: evidence = compare(incumbent, cand, C, val split)  # ungated: none
         decisions = Holm over the round's family; store each with its evidence
-        incumbent = incumbent.with(accepted)
+        incumbent = incumbent.with(accepted)     # gate.human_review: held until reviewed
     final = evaluate(incumbent, C, test split)                 # once, never seen by the gate
 
 The gate step (coevo/gatestep.py): every candidate of a round is compared with the
 ROUND-START incumbent under checkpoint C, with the gate's per-task seeds, at the levels of the
-round's Holm family; see that module.
+round's Holm family; see that module. With gate.human_review the candidates it accepts wait for
+a person's approve / veto; the review step (coevo/reviewstep.py) applies the reviews at the
+next round start, and while any candidate waits the rounds run RL only.
 
 Resume. Round rows carry status (running / done) and, when done, the incumbent's hashes;
 a round's proposals are written in one transaction with their charges (so on resume they are
@@ -54,7 +57,9 @@ from coevo.propose.base import (
     check_candidate,
     dedupe,
     make_proposer,
+    stored_candidate,
 )
+from coevo.reviewstep import review_step
 
 log = logging.getLogger("coevo.loop")
 _RESUMABLE_CHANGES = {"rounds", "budgets"}  # config keys a resume may change
@@ -158,6 +163,8 @@ def run_coevolution(cfg: RunConfig, store: Any, parts: Parts | None = None, *,
         begin_round(run, r)
         if r == 0:
             track_val(run, r, incumbent, "val_start")              # the seed, before any change
+        incumbent, approved = review_step(run, r, incumbent)      # gate.human_review only
+        kill_point(f"after_reviews:{r}")
         incumbent = rl_step(run, r, incumbent)                     # C, held fixed from here on
         kill_point(f"after_rl:{r}")
         trajs = run.store.trajectories(run.id, round=r, split="train")
@@ -167,7 +174,7 @@ def run_coevolution(cfg: RunConfig, store: Any, parts: Parts | None = None, *,
         kill_point(f"after_decisions:{r}")
         for cand in accepted:
             incumbent = incumbent.with_candidate(cand)
-        stop = end_round(run, r, incumbent, accepted)
+        stop = end_round(run, r, incumbent, approved + accepted)
         kill_point(f"after_round:{r}")
         if stop:
             break
@@ -373,7 +380,11 @@ def propose_step(run: _Run, r: int, incumbent: Incumbent,
         return []
     stored = run.store.proposals(run.id, round=r)
     if stored:
-        return [(p.id, _stored_candidate(run.store, p), p.status) for p in stored]
+        return [(p.id, stored_candidate(run.store, p), p.status) for p in stored]
+    held = run.store.awaiting_review(run.id) if run.cfg.gate.human_review else []
+    if held:  # revising an incumbent a review may still change would waste the proposals
+        run.progress(f"round {r}: RL only, {len(held)} candidate(s) await review")
+        return []
     harnesses = {h: run.store.get_asset("harness", h) for h in {t.harness for t in trajs if t.harness}}
     ctx = ProposalContext(run=run.id, round=r, incumbent=incumbent, trajectories=trajs,
                           harnesses=harnesses, seed=run.cfg.seed + r)
@@ -416,15 +427,6 @@ def _record_proposal(run: _Run, r: int, incumbent: Incumbent,
         predicted_effect=cand.predicted_effect, prompt=cand.prompt, raw_output=raw,
         error=reason, diff=changes, model=cand.model)
     return pid, cand, "invalid" if reason else "pending"
-
-
-def _stored_candidate(store: Any, p: Any) -> Candidate:
-    if p.candidate is None:
-        return Candidate(asset=None, proposer=p.proposer, kind=p.kind, error=p.error)
-    asset, skills = (store.get_library(p.candidate) if p.kind == "skill_library"
-                     else (store.get_asset(p.kind, p.candidate), []))
-    return Candidate(asset=asset, proposer=p.proposer, kind=p.kind, rationale=p.rationale,
-                     predicted_effect=p.predicted_effect, skills=skills)
 
 
 def final_step(run: _Run, incumbent: Incumbent) -> EvalResult | None:
