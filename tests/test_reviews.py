@@ -47,7 +47,7 @@ def test_a_held_candidate_awaits_review_until_reviewed_once(store):
     rejected = _held(store, "c", accepted=False)
     assert store.get_proposal(held).status == "pending"
     assert [p.id for p in store.awaiting_review("r")] == [held]
-    rid = store.add_review(held[:12], decision="approve", by=" alice ", note="<b>ok</b>")
+    rid = store.add_review(held, decision="approve", by=" alice ", note="<b>ok</b>")
     [rv] = store.reviews(proposal=held)
     assert (rv.id, rv.proposal, rv.by, rv.decision, rv.note) == (rid, held, "alice", "approve",
                                                                   "<b>ok</b>")
@@ -115,4 +115,30 @@ def test_upgrade_from_0005_adds_reviews_and_keeps_decisions(db_url):
     assert [d.policy for d in store.decisions("p1")] == ["paired", "review"]
     with pytest.raises(CoevoError, match="rejected the write"):
         store.add_decision("p1", policy="paired", accepted=False, reason="again")
+    store.close()
+
+
+def test_cli_approve_and_veto(tmp_path):
+    from typer.testing import CliRunner
+
+    from coevo.cli import app
+
+    runner = CliRunner()
+    db = f"sqlite:///{tmp_path / 'r.db'}"
+    store = Store.open(db)
+    held, plain = _held(store, "a"), _held(store, "b", hold=False)
+    r = runner.invoke(app, ["proposals", "approve", held[:8], "--by", "alice", "--note", "fine",
+                            "--db", db])
+    assert r.exit_code == 0, r.output
+    assert f"approve of proposal {held[:12]} by alice recorded" in r.output
+    [rv] = store.reviews(proposal=held)
+    assert (rv.by, rv.decision, rv.note) == ("alice", "approve", "fine")
+    for args, message in (
+            (["veto", held, "--by", "bob"], "already reviewed: approve by alice"),
+            (["veto", plain, "--by", "bob"], "is accepted, not pending review"),
+            (["approve", "f" * 32, "--by", "bob"], "no proposal with id or id prefix"),
+            (["veto", held], "Missing option '--by'")):
+        r = runner.invoke(app, ["proposals", *args, "--db", db])
+        assert r.exit_code != 0 and message in r.output, r.output
+    assert store.reviews() == [rv]
     store.close()

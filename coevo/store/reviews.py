@@ -9,10 +9,12 @@ a second is refused with the first one's author and verdict.
 
 from __future__ import annotations
 
+from typing import Any
+
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from coevo.errors import CoevoError, NotFound
+from coevo.errors import CoevoError
 from coevo.store import tables as T
 from coevo.store.base import StoreBase, new_id
 from coevo.store.records import (
@@ -23,30 +25,9 @@ from coevo.store.records import (
     proposal_record,
 )
 
-MIN_PREFIX = 6  # a proposal may be named by a unique id prefix at least this long
-
 
 class ReviewStore(StoreBase):
-    def resolve_proposal(self, ref: str) -> str:
-        """The full id of the proposal `ref` names: its id, or a unique prefix of it (the
-        12-character ids the tables show)."""
-        with self.transaction() as s:
-            return self._proposal_by_ref(s, ref).id
-
-    def _proposal_by_ref(self, s: Session, ref: str) -> T.Proposal:
-        p = T.Proposal
-        ref = ref.strip().lower()
-        row = s.execute(sa.select(p).where(p.id == ref)).scalar()
-        if row is not None:
-            return row
-        if len(ref) >= MIN_PREFIX:
-            rows = s.execute(sa.select(p).where(p.id.startswith(ref, autoescape=True))
-                             .limit(2)).scalars().all()
-            if len(rows) == 1:
-                return rows[0]
-            if rows:
-                raise CoevoError(f"proposal id prefix {ref!r} is ambiguous; give more characters")
-        raise NotFound(f"no proposal {ref!r}")
+    _proposal: Any  # ProposalStore._proposal (the parts are composed into Store)
 
     def add_review(self, proposal: str, *, decision: str, by: str, note: str = "") -> str:
         """Record `by`'s approve / veto of a candidate awaiting review; returns the review id.
@@ -57,7 +38,7 @@ class ReviewStore(StoreBase):
         if not by.strip():
             raise CoevoError("a review needs the reviewer's name (--by NAME)")
         with self.transaction() as s:
-            prop = self._proposal_by_ref(s, proposal)
+            prop = self._proposal(s, proposal)
             done = s.execute(sa.select(T.Review).where(T.Review.proposal_id == prop.id)).scalar()
             if done is not None:
                 raise CoevoError(f"proposal {prop.id[:12]} was already reviewed: {done.decision} "
@@ -85,7 +66,7 @@ class ReviewStore(StoreBase):
         q = sa.select(rv).join(p, p.id == rv.proposal_id).order_by(rv.created_at, rv.id)
         with self.transaction() as s:
             if proposal is not None:
-                q = q.where(rv.proposal_id == self._proposal_by_ref(s, proposal).id)
+                q = q.where(rv.proposal_id == self._proposal(s, proposal).id)
             if run is not None:
                 q = q.where(p.run_id == self._run(s, run).id)
             return [ReviewRecord(id=r.id, proposal=r.proposal_id, by=r.reviewer,
