@@ -106,11 +106,12 @@ class ProposalFilter(_Record):
     text: str | None = None
 
 
-def open_readonly(url: str | None = None) -> Store:
+def open_readonly(url: str | None = None, *, readonly: bool = True) -> Store:
     """The store at `url` (see engine.resolve_url) opened for reading only: no migration, no
-    file created, every write refused by the database. Fails with a clear error when there
-    is no store there or its schema is not this coevo's."""
-    store = Store(make_engine(resolve_url(url), readonly=True))
+    file created, every write refused by the database (`readonly=False`: writable, for
+    `coevo serve --review`, still never migrated or created). Fails with a clear error when
+    there is no store there or its schema is not this coevo's."""
+    store = Store(make_engine(resolve_url(url), readonly=readonly))
     try:
         have, head = store.current_revision(), store.head_revision()
     except sa.exc.SQLAlchemyError as e:
