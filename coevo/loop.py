@@ -40,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from coevo.assets.base import diff as asset_diff
 from coevo.config import RunConfig
@@ -205,7 +205,7 @@ def open_run(cfg: RunConfig, store: Any, parts: Parts, resume: str | None,
                                mode=cfg.mode, status="running")
     else:
         rec = store.get_run(resume)
-        stored = rec.config.get("config", {})
+        stored = with_defaults(rec.config.get("config", {}))
         changed = sorted(k for k in dump.keys() | stored.keys()
                          if dump.get(k) != stored.get(k) and k not in _RESUMABLE_CHANGES)
         if changed:
@@ -219,6 +219,15 @@ def open_run(cfg: RunConfig, store: Any, parts: Parts, resume: str | None,
     run = _Run(cfg, store, parts, MODES[cfg.mode], rec.id, val, test_ids, progress)
     incumbent, start = incumbent_at(run, rec.config["seed"])
     return run, incumbent, start
+
+
+def with_defaults(stored: dict[str, Any]) -> dict[str, Any]:
+    """A run's stored config as this coevo reads it: a key added since the run was created
+    (gate.human_review, say) takes its default, so a resume compares like with like."""
+    try:
+        return RunConfig.model_validate(stored).model_dump(mode="json")
+    except ValidationError:
+        return stored
 
 
 def seed_incumbent(cfg: RunConfig, store: Any) -> Incumbent:

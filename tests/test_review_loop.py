@@ -111,3 +111,22 @@ def test_a_kill_right_after_applying_a_review_neither_loses_nor_repeats_it(tmp_p
     assert r1.status == "done" and r1.summary["reviews"]["approved"] == [helps.id]
     assert r1.summary["incumbent"]["harness"] == helps.candidate  # replayed, not lost
     assert helps.candidate in r1.summary["accepted"]
+
+
+def test_a_run_created_before_human_review_existed_still_resumes(tmp_path):
+    """Its stored config has no gate.human_review; the key's default is not a changed config."""
+    import sqlalchemy as sa
+
+    from coevo.store import tables as T
+
+    cfg = config(tmp_path, "harness-only", rounds=1, name="older")
+    store, parts = build(tmp_path, cfg, f"sqlite:///{tmp_path / 'loop.db'}")
+    res = run_coevolution(cfg, store, parts)
+    rec = store.get_run(res.run)
+    older = {**rec.config, "config": {**rec.config["config"], "gate": {
+        k: v for k, v in rec.config["config"]["gate"].items() if k != "human_review"}}}
+    with store.engine.begin() as conn:
+        conn.execute(sa.update(T.Run).where(T.Run.id == res.run).values(config=older))
+    again = run_coevolution(config(tmp_path, "harness-only", rounds=2, name="older"), store,
+                            parts, resume="older")
+    assert [r.index for r in store.rounds(res.run)] == [0, 1] and len(again.rounds) == 2
