@@ -421,6 +421,11 @@ def proposal_view(store: Store, id: str, show_prompt: bool = False) -> Group:
         parts.append(Text("no gate decision yet", style="yellow"))
     for d in decisions:
         parts.extend(_decision_parts(d))
+    if p.status == "pending" and any(d.accepted for d in decisions):
+        parts.append(Text("awaiting human review (coevo proposals approve|veto)", style="yellow"))
+    for rv in store.reviews(proposal=p.id):
+        parts.append(plain(f"review {short(rv.id)}: {rv.decision} by {rv.by} at "
+                           f"{rv.created_at:%Y-%m-%d %H:%M}" + (f": {rv.note}" if rv.note else "")))
     return Group(*parts)
 
 

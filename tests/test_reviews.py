@@ -133,6 +133,9 @@ def test_cli_approve_and_veto(tmp_path):
     assert f"approve of proposal {held[:12]} by alice recorded" in r.output
     [rv] = store.reviews(proposal=held)
     assert (rv.by, rv.decision, rv.note) == ("alice", "approve", "fine")
+    r = runner.invoke(app, ["proposals", "show", held[:8], "--db", db])
+    assert r.exit_code == 0 and "awaiting human review" in r.output
+    assert f"review {rv.id[:12]}: approve by alice at" in r.output and ": fine" in r.output
     for args, message in (
             (["veto", held, "--by", "bob"], "already reviewed: approve by alice"),
             (["veto", plain, "--by", "bob"], "is accepted, not pending review"),

@@ -3,8 +3,10 @@ scripted runs of tests/serve_glue.py, driven by Playwright through Debian's chro
 
 A reviewer opens the run, clicks to the rejected proposal, reads the diff and the per-task
 evidence, filters the tasks it lost and opens both episodes of one; follows the final
-harness to its blame and lineage; compares two runs. Model-written HTML stays text in the
-browser, and the content security policy is never violated (no console error).
+harness to its blame and lineage; compares two runs. With `coevo serve --review` a reviewer
+approves a candidate the run holds for review by clicking, and the resumed run applies it.
+Model-written HTML (and a reviewer's note) stays text in the browser, and the content
+security policy is never violated (no console error).
 
 Screenshots of these pages are taken on every run; with COEVO_UPDATE_SCREENSHOTS=1 they are
 written to docs/ (what the README shows), otherwise to a temporary folder.

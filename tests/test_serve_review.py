@@ -98,6 +98,8 @@ def test_cross_site_and_forged_writes_are_refused(url, held):
     r = client.post(f"/proposals/{pid}/review", content=b'{"decision": "veto"}',
                     headers={"content-type": "application/json"})
     assert r.status_code == 403 and "expected a form post" in text(r.text)
+    r = client.post(f"/proposals/{pid}/review", data={**ok, "note": "x" * 70_000})
+    assert r.status_code == 403 and "the form is over 64 KiB" in text(r.text)
     assert store.reviews() == []
     r = client.post(f"/proposals/{pid}/review", data=ok,
                     headers={"origin": "http://testserver", "sec-fetch-site": "same-origin"})

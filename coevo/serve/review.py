@@ -84,6 +84,9 @@ async def read_form(request: Request) -> dict[str, str]:
     kind = request.headers.get("content-type", "").split(";")[0].strip()
     if kind != "application/x-www-form-urlencoded":
         raise Refused(f"expected a form post, got {kind or 'no content type'}")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_FORM:  # refused before reading it
+        raise Refused(f"the form is over {MAX_FORM // 1024} KiB")
     body = await request.body()
     if len(body) > MAX_FORM:
         raise Refused(f"the form is over {MAX_FORM // 1024} KiB")
