@@ -527,7 +527,7 @@ def run_cmd(
         raise CoevoError("give a run config YAML, or --resume RUN")
     store = _store(db)
     if config is None:  # resume from the config stored with the run
-        cfg = RunConfig.load(data=store.get_run(resume).config, overrides=overrides or ())
+        cfg = RunConfig.of_run(store.get_run(resume).config, overrides or ())
     else:
         cfg = RunConfig.load(config, overrides or ())
     _run_and_summarise(cfg, store, resume)

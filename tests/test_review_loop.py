@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from coevo.config import RunConfig
 from coevo.loop import run_coevolution
 
 TESTS = Path(__file__).resolve().parent
@@ -80,6 +81,7 @@ SCRIPT = """
 import sys
 sys.path.insert(0, {tests!r})
 import test_review_loop as t
+from coevo.config import RunConfig
 from coevo.loop import run_coevolution
 tmp, url, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
 cfg = t._cfg(tmp, "harness-only", rounds)
@@ -127,6 +129,7 @@ def test_a_run_created_before_human_review_existed_still_resumes(tmp_path):
         k: v for k, v in rec.config["config"]["gate"].items() if k != "human_review"}}}
     with store.engine.begin() as conn:
         conn.execute(sa.update(T.Run).where(T.Run.id == res.run).values(config=older))
-    again = run_coevolution(config(tmp_path, "harness-only", rounds=2, name="older"), store,
-                            parts, resume="older")
+    # What `coevo run --resume older rounds=2` does: the stored config, overridden.
+    again = run_coevolution(RunConfig.of_run(store.get_run("older").config, ["rounds=2"]),
+                            store, parts, resume="older")
     assert [r.index for r in store.rounds(res.run)] == [0, 1] and len(again.rounds) == 2
