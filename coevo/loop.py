@@ -453,7 +453,7 @@ def final_step(run: _Run, incumbent: Incumbent) -> EvalResult | None:
     res = evaluate(store, run.parts.env, incumbent.agent_assets(), run.parts.backend, tasks=tasks,
                    split="test", samples=run.cfg.splits.test_samples, seed=run.cfg.seed,
                    checkpoint=incumbent.checkpoint, run=run.id, judge=run.judge,
-                   key=run.key("final"))
+                   key=run.key("final", incumbent.hashes()))  # a run extended later is tested anew
     with store.transaction():
         store.finish_round(run.id, last, "done", summary={
             **summary, "final_evaluation": res.evaluation, "test_score": res.mean,

@@ -63,6 +63,8 @@ def test_an_approved_candidate_joins_at_the_next_round_start(tmp_path):
     assert again.incumbent["harness"] == helps.candidate
     assert HINT in store.get_asset("harness", again.incumbent["harness"]).system_prompt
     assert r2["val_score"] == 1.0 > r0["val_score"]  # the reviewed revision helps
+    # The extended run is tested on its new incumbent, not given the first run's test back.
+    assert again.final.harness == helps.candidate and again.final.mean == 1.0 > res.final.mean
 
 
 def test_a_vetoed_candidate_is_rejected_by_review(tmp_path):
