@@ -18,7 +18,7 @@ from coevo.serve.app import create_app
 from coevo.serve.review import ReviewSettings, review_settings
 from coevo.store import Store
 from coevo.store.queries import open_readonly
-from test_serve import text
+from test_serve import cells, text
 
 
 @pytest.fixture(scope="module")
@@ -151,6 +151,12 @@ def test_the_loop_applies_a_review_given_in_the_app(url, held):
     assert store.get_proposal(pid).status == "accepted"
     assert store.get_round("review-held", 1).summary["incumbent"]["harness"] == \
         store.get_proposal(pid).candidate
-    page = TestClient(create_app(store)).get(f"/proposals/{pid}").text
+    app = TestClient(create_app(store))
+    page = app.get(f"/proposals/{pid}").text
     assert "Accepted by human review: approved by review" in text(page)
+    # The round's table: the review's verdict, the gate's numbers (mean diff +0.500 on 12 tasks).
+    [row] = [r for r in cells(app.get(f"/runs/{store.get_run('review-held').id}/rounds/0").text,
+                              "row-accepted")]
+    assert row[0] == pid[:12] and row[5] == "+0.500"
+    assert "approved by review" in " ".join(row)
     store.close()

@@ -31,6 +31,7 @@ from coevo.store import tables as T
 from coevo.store.engine import make_engine, resolve_url
 from coevo.store.records import (
     PROPOSAL_STATUSES,
+    REVIEW_POLICY,
     AssetRecord,
     RoundRecord,
     RunRecord,
@@ -251,16 +252,20 @@ def _summaries(s: Any, rows: list[Any]) -> list[ProposalSummary]:
     d = T.Decision
     ids = [r[0].id for r in rows]
     latest: dict[str, Any] = {}
+    gate: dict[str, Any] = {}  # the gate's verdict: its numbers stay after a review's
     if ids:
         for dec in s.execute(sa.select(d).where(d.proposal_id.in_(ids))
                              .order_by(d.created_at, d.id)).scalars():
             latest[dec.proposal_id] = dec
+            if dec.policy != REVIEW_POLICY:
+                gate[dec.proposal_id] = dec
     out = []
     for prop, run_name in rows:
-        dec = latest.get(prop.id)
+        dec, numbers = latest.get(prop.id), gate.get(prop.id)
         extra = {} if dec is None else dict(accepted=dec.accepted, reason=dec.reason,
-                                              policy=dec.policy, statistic=dec.statistic,
-                                              rollouts=dec.rollouts)
+                                              policy=dec.policy)
+        if numbers is not None:
+            extra.update(statistic=numbers.statistic, rollouts=numbers.rollouts)
         out.append(ProposalSummary(
             id=prop.id, run=prop.run_id, run_name=run_name, round=prop.round,
             proposer=prop.proposer, model=prop.model or "", kind=prop.kind, status=prop.status,
