@@ -54,7 +54,7 @@ from rich.tree import Tree
 
 from coevo.assets.base import format_diff
 from coevo.errors import Ambiguous, NotFound
-from coevo.store.records import DecisionRecord, ProposalRecord, RunRecord
+from coevo.store.records import REVIEW_POLICY, DecisionRecord, ProposalRecord, RunRecord
 from coevo.store.store import Store
 from coevo.terminal import plain, safe
 
@@ -237,17 +237,19 @@ def _stat(d: DecisionRecord | None, *keys: str) -> float | None:
 
 
 def proposal_rows(store: Store, run: str | None = None, status: str | None = None) -> list[ProposalRow]:
-    """Proposals (oldest first) with the latest decision's reason and headline statistics."""
+    """Proposals (oldest first) with the latest decision's reason and the gate's headline
+    statistics."""
     out = []
     for p in store.proposals(run=run, status=status):
         decs = store.decisions(p.id)
-        d = decs[-1] if decs else None
+        d = decs[-1] if decs else None  # a human review's, when one was applied
+        gate = next((x for x in reversed(decs) if x.policy != REVIEW_POLICY), None)
         reason = d.reason if d else (p.error or "")
         out.append(ProposalRow(
             id=p.id, run=p.run, round=p.round, proposer=p.proposer, kind=p.kind,
             status=p.status, parent=p.parent, candidate=p.candidate, reason=reason,
-            mean_diff=_stat(d, "mean_diff"), p_value=_stat(d, "p_adjusted", "p_value"),
-            rollouts=d.rollouts if d else 0))
+            mean_diff=_stat(gate, "mean_diff"), p_value=_stat(gate, "p_adjusted", "p_value"),
+            rollouts=gate.rollouts if gate else 0))
     return out
 
 
@@ -419,6 +421,11 @@ def proposal_view(store: Store, id: str, show_prompt: bool = False) -> Group:
         parts.append(Text("no gate decision yet", style="yellow"))
     for d in decisions:
         parts.extend(_decision_parts(d))
+    if p.status == "pending" and any(d.accepted for d in decisions):
+        parts.append(Text("awaiting human review (coevo proposals approve|veto)", style="yellow"))
+    for rv in store.reviews(proposal=p.id):
+        parts.append(plain(f"review {short(rv.id)}: {rv.decision} by {rv.by} at "
+                           f"{rv.created_at:%Y-%m-%d %H:%M}" + (f": {rv.note}" if rv.note else "")))
     return Group(*parts)
 
 

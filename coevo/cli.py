@@ -23,7 +23,8 @@ skills_app = typer.Typer(no_args_is_help=True, help="Skill versions: list, show.
 rubrics_app = typer.Typer(no_args_is_help=True, help="Rubric versions: list, show.")
 db_app = typer.Typer(no_args_is_help=True, help="The store's schema: upgrade, current.")
 runs_app = typer.Typer(no_args_is_help=True, help="Co-evolution runs: list, show.")
-proposals_app = typer.Typer(no_args_is_help=True, help="Proposals and their gate decisions: list, show.")
+proposals_app = typer.Typer(no_args_is_help=True,
+                            help="Proposals and their gate decisions: list, show, approve, veto.")
 app.add_typer(harness_app, name="harness")
 app.add_typer(skills_app, name="skills")
 app.add_typer(rubrics_app, name="rubrics")
@@ -457,6 +458,36 @@ def proposals_show(
     console.print(proposal_view(store, find_proposal(store, id).id, show_prompt=prompt))
 
 
+def _review(id: str, decision: str, by: str, note: str, db: Optional[str]) -> None:
+    from coevo.audit import find_proposal
+
+    store = _store(db)
+    p = find_proposal(store, id)
+    store.add_review(p.id, decision=decision, by=by, note=note)
+    console.print(f"{decision} of proposal {p.id[:12]} by {escaped(by.strip())} recorded; the run "
+                  "applies it at its next round start", highlight=False)
+
+
+ByOption = typer.Option(..., "--by", help="Who reviews (stored with the review).")
+NoteOption = typer.Option("", "--note", help="Why (stored with the review).")
+
+
+@proposals_app.command("approve")
+@_cli
+def proposals_approve(id: str, by: str = ByOption, note: str = NoteOption,
+                      db: Optional[str] = DbOption) -> None:
+    """Approve a candidate the gate passed and the run holds for review (gate.human_review)."""
+    _review(id, "approve", by, note, db)
+
+
+@proposals_app.command("veto")
+@_cli
+def proposals_veto(id: str, by: str = ByOption, note: str = NoteOption,
+                   db: Optional[str] = DbOption) -> None:
+    """Veto a candidate the gate passed and the run holds for review: it is rejected."""
+    _review(id, "veto", by, note, db)
+
+
 @app.command()
 @_cli
 def lineage(
@@ -489,12 +520,15 @@ def serve(
     db: Optional[str] = DbOption,
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (loopback by default)."),
     port: int = typer.Option(8765, "--port", help="Port to listen on (0: any free port)."),
+    review: bool = typer.Option(False, "--review", help="Add approve / veto of held candidates."),
+    token: Optional[str] = typer.Option(None, "--token", help="Review token (default: "
+                                        "$COEVO_SERVE_TOKEN); required with --review off loopback."),
 ) -> None:
-    """Read-only reviewer web app: runs, rounds, proposals with their evidence, blame, lineage."""
+    """Reviewer web app: runs, rounds, proposals with their evidence, blame, lineage."""
     from coevo.serve import serve as serve_app
 
-    serve_app(db, host=host, port=port, echo=lambda m: console.print(escaped(m), highlight=False,
-                                                                      soft_wrap=True))
+    serve_app(db, host=host, port=port, review=review, token=token,
+              echo=lambda m: console.print(escaped(m), highlight=False, soft_wrap=True))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -516,7 +550,7 @@ def run_cmd(
         raise CoevoError("give a run config YAML, or --resume RUN")
     store = _store(db)
     if config is None:  # resume from the config stored with the run
-        cfg = RunConfig.load(data=store.get_run(resume).config, overrides=overrides or ())
+        cfg = RunConfig.of_run(store.get_run(resume).config, overrides or ())
     else:
         cfg = RunConfig.load(config, overrides or ())
     _run_and_summarise(cfg, store, resume)

@@ -128,6 +128,12 @@ class RunConfig(_Block):
         return cls.from_mapping(base, source)
 
     @classmethod
+    def of_run(cls, stored: dict[str, Any], overrides: list[str] | tuple[str, ...] = ()) -> "RunConfig":
+        """The config a stored run was created with (its record's `config`, which keeps the
+        RunConfig under "config" next to the seed's hashes), with overrides (`rounds=5`)."""
+        return cls.load(data=stored.get("config", stored), overrides=overrides)
+
+    @classmethod
     def from_mapping(cls, data: dict[str, Any], source: str = "<config>") -> "RunConfig":
         try:
             return cls.model_validate(data)

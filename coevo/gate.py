@@ -147,6 +147,10 @@ class GatePolicy(BaseModel):
     # The predictive probability follows the early trend too readily (measured: a third of the
     # futility stops at 20-40 of 200 tasks were flips), so it applies only from this fraction on.
     futility_from: float = Field(0.25, ge=0.0, le=1.0)
+    # A person has the last word: a candidate the gate accepts is held "pending" until it is
+    # approved or vetoed (coevo proposals approve|veto, coevo serve --review); the loop
+    # applies the reviews at the next round start (coevo/reviewstep.py).
+    human_review: bool = False
 
     @field_validator("name")
     @classmethod

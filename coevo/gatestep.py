@@ -48,19 +48,25 @@ Verdict = tuple[Decision, Evidence | list[dict[str, Any]] | None]  # rows: a rub
 def gate_step(run: Any, r: int, incumbent: Incumbent,
               cands: list[tuple[str, Candidate, str]]) -> list[Candidate]:
     """Decide every pending candidate and store the decisions (one transaction); returns the
-    accepted candidates in proposal order (a resumed round returns the stored verdicts)."""
+    accepted candidates in proposal order (a resumed round returns the stored verdicts). With
+    gate.human_review none is returned: the accepted ones stay pending until a person
+    reviews them (coevo/reviewstep.py applies the reviews at a later round start)."""
     done = [c for _, c, s in cands if s == "accepted"]
-    pending = [(pid, c) for pid, c, s in cands if s == "pending"]
+    # Pending with a decision: accepted by the gate and held for review (gate.human_review).
+    pending = [(pid, c) for pid, c, s in cands if s == "pending" and not run.store.decisions(pid)]
     if not pending:
         return done
     verdicts = (judge_gated if run.mode.gated else judge_ungated)(run, r, incumbent, pending)
+    hold = run.cfg.gate.human_review
     with run.store.transaction():
         for (pid, _), (d, evidence) in zip(pending, verdicts):
-            run.store.add_decision(pid, policy=d.policy, accepted=d.accepted, reason=d.reason,
+            held = hold and d.accepted
+            run.store.add_decision(pid, policy=d.policy, accepted=d.accepted,
+                                   reason=d.reason + ("; held for human review" if held else ""),
                                    statistic=d.statistic, rollouts=d.rollouts,
                                    evidence=evidence_rows(evidence), metric=d.metric,
-                                   stages=d.stages)
-    return [c for (_, c), (d, _) in zip(pending, verdicts) if d.accepted]
+                                   stages=d.stages, status="pending" if held else None)
+    return [] if hold else [c for (_, c), (d, _) in zip(pending, verdicts) if d.accepted]
 
 
 def evidence_rows(evidence: Evidence | list[dict[str, Any]] | None) -> list[dict[str, Any]]:

@@ -3,17 +3,20 @@ rubric, every step recorded in the store so a crashed run resumes where it stopp
 
     incumbent = seed assets (+ the run's latest checkpoint)
     for round r:
+        incumbent = incumbent.with(approved by review)         # gate.human_review only
         C      = rl_stage(C, incumbent, train split)          # skipped in harness-only mode
         trajs  = store.trajectories(run, r, split="train")
         cands  = proposers.propose(incumbent, trajs)           # skipped in weight-only mode
         for cand: evidence = compare(incumbent, cand, C, val split)  # ungated: none
         decisions = Holm over the round's family; store each with its evidence
-        incumbent = incumbent.with(accepted)
+        incumbent = incumbent.with(accepted)     # gate.human_review: held until reviewed
     final = evaluate(incumbent, C, test split)                 # once, never seen by the gate
 
 The gate step (coevo/gatestep.py): every candidate of a round is compared with the
 ROUND-START incumbent under checkpoint C, with the gate's per-task seeds, at the levels of the
-round's Holm family; see that module.
+round's Holm family; see that module. With gate.human_review the candidates it accepts wait for
+a person's approve / veto; the review step (coevo/reviewstep.py) applies the reviews at the
+next round start, and while any candidate waits the rounds run RL only.
 
 Resume. Round rows carry status (running / done) and, when done, the incumbent's hashes;
 a round's proposals are written in one transaction with their charges (so on resume they are
@@ -37,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from coevo.assets.base import diff as asset_diff
 from coevo.config import RunConfig
@@ -54,7 +57,9 @@ from coevo.propose.base import (
     check_candidate,
     dedupe,
     make_proposer,
+    stored_candidate,
 )
+from coevo.reviewstep import review_step
 
 log = logging.getLogger("coevo.loop")
 _RESUMABLE_CHANGES = {"rounds", "budgets"}  # config keys a resume may change
@@ -158,6 +163,8 @@ def run_coevolution(cfg: RunConfig, store: Any, parts: Parts | None = None, *,
         begin_round(run, r)
         if r == 0:
             track_val(run, r, incumbent, "val_start")              # the seed, before any change
+        incumbent, approved = review_step(run, r, incumbent)      # gate.human_review only
+        kill_point(f"after_reviews:{r}")
         incumbent = rl_step(run, r, incumbent)                     # C, held fixed from here on
         kill_point(f"after_rl:{r}")
         trajs = run.store.trajectories(run.id, round=r, split="train")
@@ -167,7 +174,7 @@ def run_coevolution(cfg: RunConfig, store: Any, parts: Parts | None = None, *,
         kill_point(f"after_decisions:{r}")
         for cand in accepted:
             incumbent = incumbent.with_candidate(cand)
-        stop = end_round(run, r, incumbent, accepted)
+        stop = end_round(run, r, incumbent, approved + accepted)
         kill_point(f"after_round:{r}")
         if stop:
             break
@@ -198,7 +205,7 @@ def open_run(cfg: RunConfig, store: Any, parts: Parts, resume: str | None,
                                mode=cfg.mode, status="running")
     else:
         rec = store.get_run(resume)
-        stored = rec.config.get("config", {})
+        stored = with_defaults(rec.config.get("config", {}))
         changed = sorted(k for k in dump.keys() | stored.keys()
                          if dump.get(k) != stored.get(k) and k not in _RESUMABLE_CHANGES)
         if changed:
@@ -212,6 +219,15 @@ def open_run(cfg: RunConfig, store: Any, parts: Parts, resume: str | None,
     run = _Run(cfg, store, parts, MODES[cfg.mode], rec.id, val, test_ids, progress)
     incumbent, start = incumbent_at(run, rec.config["seed"])
     return run, incumbent, start
+
+
+def with_defaults(stored: dict[str, Any]) -> dict[str, Any]:
+    """A run's stored config as this coevo reads it: a key added since the run was created
+    (gate.human_review, say) takes its default, so a resume compares like with like."""
+    try:
+        return RunConfig.model_validate(stored).model_dump(mode="json")
+    except ValidationError:
+        return stored
 
 
 def seed_incumbent(cfg: RunConfig, store: Any) -> Incumbent:
@@ -373,7 +389,11 @@ def propose_step(run: _Run, r: int, incumbent: Incumbent,
         return []
     stored = run.store.proposals(run.id, round=r)
     if stored:
-        return [(p.id, _stored_candidate(run.store, p), p.status) for p in stored]
+        return [(p.id, stored_candidate(run.store, p), p.status) for p in stored]
+    held = run.store.awaiting_review(run.id) if run.cfg.gate.human_review else []
+    if held:  # revising an incumbent a review may still change would waste the proposals
+        run.progress(f"round {r}: RL only, {len(held)} candidate(s) await review")
+        return []
     harnesses = {h: run.store.get_asset("harness", h) for h in {t.harness for t in trajs if t.harness}}
     ctx = ProposalContext(run=run.id, round=r, incumbent=incumbent, trajectories=trajs,
                           harnesses=harnesses, seed=run.cfg.seed + r)
@@ -418,15 +438,6 @@ def _record_proposal(run: _Run, r: int, incumbent: Incumbent,
     return pid, cand, "invalid" if reason else "pending"
 
 
-def _stored_candidate(store: Any, p: Any) -> Candidate:
-    if p.candidate is None:
-        return Candidate(asset=None, proposer=p.proposer, kind=p.kind, error=p.error)
-    asset, skills = (store.get_library(p.candidate) if p.kind == "skill_library"
-                     else (store.get_asset(p.kind, p.candidate), []))
-    return Candidate(asset=asset, proposer=p.proposer, kind=p.kind, rationale=p.rationale,
-                     predicted_effect=p.predicted_effect, skills=skills)
-
-
 def final_step(run: _Run, incumbent: Incumbent) -> EvalResult | None:
     """The final incumbent on the test split, once (a resumed finished run reuses it)."""
     store, last = run.store, max((x.index for x in run.store.rounds(run.id)), default=None)
@@ -442,7 +453,7 @@ def final_step(run: _Run, incumbent: Incumbent) -> EvalResult | None:
     res = evaluate(store, run.parts.env, incumbent.agent_assets(), run.parts.backend, tasks=tasks,
                    split="test", samples=run.cfg.splits.test_samples, seed=run.cfg.seed,
                    checkpoint=incumbent.checkpoint, run=run.id, judge=run.judge,
-                   key=run.key("final"))
+                   key=run.key("final", incumbent.hashes()))  # a run extended later is tested anew
     with store.transaction():
         store.finish_round(run.id, last, "done", summary={
             **summary, "final_evaluation": res.evaluation, "test_score": res.mean,

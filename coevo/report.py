@@ -38,6 +38,7 @@ from coevo.audit import (
     short,
 )
 from coevo.errors import CoevoError
+from coevo.store.records import ReviewRecord
 from coevo.store.store import Store
 
 _STATUSES = ("accepted", "rejected", "invalid", "pending")
@@ -255,6 +256,12 @@ def _proposals_table(props: Sequence[ProposalRow]) -> str:
                    "mean diff", "p", "rollouts", "reason"], rows, numeric={1, 7, 8, 9})
 
 
+def _reviews_table(reviews: Sequence[ReviewRecord]) -> str:
+    rows = [[_esc(f"{r.created_at:%Y-%m-%d %H:%M}"), _code(r.proposal), _esc(r.by),
+             _esc(r.decision), _esc(r.note)] for r in reviews]
+    return _table(["when", "proposal", "by", "decision", "note"], rows)
+
+
 # --- the report --------------------------------------------------------------------------------
 
 
@@ -265,6 +272,7 @@ def render_report(store: Store, run: str) -> str:
     budgets = budget_rows(store, rec)
     props = proposal_rows(store, run=rec.id)
     steps = rl_steps(store, rec)
+    reviews = store.reviews(run=rec.id)  # gate.human_review: who approved or vetoed what
     plots = "".join(_plot(body) for body in (
         plot_val_scores(rounds), plot_rl_reward(steps), plot_acceptance(props),
         plot_budgets(budgets, rounds)))
@@ -281,6 +289,7 @@ status {_esc(rec.status)} &middot; {len(rounds)} rounds &middot; {len(props)} pr
 <h2>Budgets</h2>{_budgets_table(budgets)}
 <h2>Acceptance by proposer</h2>{_acceptance_table(props) or '<p class="nodata">no proposals</p>'}
 <h2>Proposals</h2>{_proposals_table(props)}
+{f"<h2>Human reviews</h2>{_reviews_table(reviews)}" if reviews else ""}
 </body></html>
 """
 

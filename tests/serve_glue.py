@@ -99,12 +99,13 @@ RUBRIC = Rubric.model_validate({"name": "code", "criteria": [
     {"id": "called", "kind": "outcome", "params": {"detail": "called"}}]})
 
 
-def config(name: str, candidates: list[dict], rounds: int, harness: str) -> RunConfig:
+def config(name: str, candidates: list[dict], rounds: int, harness: str,
+           human_review: bool = False) -> RunConfig:
     return RunConfig.from_mapping({
         "name": name, "env": "test:code-word", "mode": "harness-only", "rounds": rounds,
         "assets": {"harness": harness, "rubric": "code"},
         "proposers": [{"name": "scripted", "options": {"candidates": candidates}}],
-        "gate": {"screen_size": 12, "n_boot": 200},
+        "gate": {"screen_size": 12, "n_boot": 200, "human_review": human_review},
         "splits": {"val_n": 12, "test_n": 6, "train_n": 2, "train_samples": 1},
     })
 
@@ -114,19 +115,43 @@ def build_store(path: Path) -> tuple[str, dict[str, str]]:
     proposal ids by name: tool, style, rename, terse, word)."""
     url = f"sqlite:///{path}"
     store = Store.open(url)
-    # Both runs start from the seed by hash: by name, "tiny" would be the first run's result.
-    seed = store.put_asset(tiny_glue.tiny_harness(
-        workflow={"max_turns": 3}, decoding={"temperature": 0.0, "max_new_tokens": 40}))
-    store.put_asset(RUBRIC)
-    env = CodeWordEnv()
+    seed = _seed(store)
     for name, cands, rounds in (("review-demo", [TOOL, STYLE, RENAME, TERSE, WORD], 3),
                                 ("review-short", [TOOL], 2)):
-        cfg = config(name, cands, rounds, seed)
-        parts = Parts(env=env, backend=ScriptedBackend(policy, tiny_glue.tiny_tokenizer()),
-                      proposers=[make_proposer(p.name, **p.options) for p in cfg.proposers])
-        run_coevolution(cfg, store, parts)
+        _run(store, config(name, cands, rounds, seed))
     by_rationale = {p.rationale: p.id for p in store.proposals("review-demo")}
     ids = {k: by_rationale[c["rationale"]] for k, c in
            (("tool", TOOL), ("style", STYLE), ("rename", RENAME), ("terse", TERSE), ("word", WORD))}
+    store.close()
+    return url, ids
+
+
+def _seed(store: Store) -> str:
+    # Every run starts from the seed by hash: by name, "tiny" would be the first run's result.
+    seed = store.put_asset(tiny_glue.tiny_harness(
+        workflow={"max_turns": 3}, decoding={"temperature": 0.0, "max_new_tokens": 40}))
+    store.put_asset(RUBRIC)
+    return seed
+
+
+def _run(store: Store, cfg: RunConfig, resume: str | None = None) -> None:
+    parts = Parts(env=CodeWordEnv(), backend=ScriptedBackend(policy, tiny_glue.tiny_tokenizer()),
+                  proposers=[make_proposer(p.name, **p.options) for p in cfg.proposers])
+    run_coevolution(cfg, store, parts, resume=resume)
+
+
+def resume_run(store: Store, cfg: RunConfig) -> None:
+    """Continue the run named in `cfg` (e.g. with more rounds)."""
+    _run(store, cfg, resume=cfg.name)
+
+
+def build_held_store(path: Path) -> tuple[str, dict[str, str]]:
+    """A store whose one-round run ("review-held") has gate.human_review on: TOOL passed the
+    gate and is held pending review, STYLE was rejected. Returns (URL, ids: tool, style)."""
+    url = f"sqlite:///{path}"
+    store = Store.open(url)
+    _run(store, config("review-held", [TOOL, STYLE], 1, _seed(store), human_review=True))
+    by_rationale = {p.rationale: p.id for p in store.proposals("review-held")}
+    ids = {"tool": by_rationale[TOOL["rationale"]], "style": by_rationale[STYLE["rationale"]]}
     store.close()
     return url, ids

@@ -46,25 +46,35 @@ def test_blank_database_migrates_to_the_orm_schema(db_url):
 
 
 def test_schema_checker_sees_a_difference(db_url):
-    """The comparison above can fail: stopping at 0001 leaves the budget ledger missing."""
+    """The comparison above can fail: stopping at 0001 leaves the budget ledger (and the
+    reviews of 0007) missing."""
     store = Store(make_engine(db_url))
     store.upgrade("0001")
     with store.engine.connect() as conn:
         diffs = compare_metadata(MigrationContext.configure(conn), Base.metadata)
     added = {d[1].name for d in diffs if d[0] == "add_table"}
     indexes = {d[1].name for d in diffs if d[0] == "add_index"}
-    assert added == {"budgets"}
+    assert added == {"budgets", "reviews"}
     assert {"ix_trajectories_harness_hash", "ix_proposals_run_id_status"} <= indexes
     store.close()
 
 
-HEAD = "0005"
+HEAD = "0007"
 
 
 def _insert(conn: sa.Connection, table: str, **values) -> None:
     cols = ", ".join(f'"{k}"' for k in values)
     params = ", ".join(f":{k}" for k in values)
     conn.execute(sa.text(f'INSERT INTO {table} ({cols}) VALUES ({params})'), values)
+
+
+def versions_and_run(conn: sa.Connection, assets, now: datetime) -> None:
+    """Asset version rows and a run "r" (id run1), as every revision has stored them."""
+    for a in assets:
+        _insert(conn, "asset_versions", hash=a.hash, kind=a.kind, name=a.name,
+                parent_hash=a.parent, content=json.dumps(a.content()), created_at=now)
+    _insert(conn, "runs", id="run1", name="r", config=json.dumps({}), mode="gated",
+            status="running", created_at=now, updated_at=now)
 
 
 def test_upgrade_from_0001_keeps_data(db_url):
@@ -153,11 +163,7 @@ def test_upgrade_from_0003_keeps_data_and_enforces_the_idempotency_keys(db_url):
     child = note.child(text="b")
     now = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
     with old.engine.begin() as conn:
-        for a in (note, child):
-            _insert(conn, "asset_versions", hash=a.hash, kind=a.kind, name=a.name,
-                    parent_hash=a.parent, content=json.dumps(a.content()), created_at=now)
-        _insert(conn, "runs", id="run1", name="r", config=json.dumps({}), mode="gated",
-                status="running", created_at=now, updated_at=now)
+        versions_and_run(conn, (note, child), now)
         _insert(conn, "rounds", run_id="run1", index=0, status="done", started_at=now,
                 summary=json.dumps({}))
         _insert(conn, "proposals", id="p1", run_id="run1", round=0, proposer="lm", kind=note.kind,

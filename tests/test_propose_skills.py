@@ -174,7 +174,8 @@ def test_distil_new_skill_applies_activates_and_round_trips_through_the_store():
     assert select_skills(new.skills, weather) == []
 
     # The loop's recording path: members first, then the library; get_library round trip.
-    from coevo.loop import _record_proposal, _stored_candidate
+    from coevo.loop import _record_proposal
+    from coevo.propose.base import stored_candidate
 
     store = Store.open()
     for s in inc.skills:
@@ -187,7 +188,7 @@ def test_distil_new_skill_applies_activates_and_round_trips_through_the_store():
     assert lib == cand.asset and {m.hash for m in members} == {s.hash for s in new.skills}
     rec = store.get_proposal(pid)
     assert rec.raw_output == cand.raw_output and rec.prompt == cand.prompt
-    again = _stored_candidate(store, rec)
+    again = stored_candidate(store, rec)
     assert inc.with_candidate(again).library.hash == new.library.hash
 
 

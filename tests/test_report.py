@@ -109,3 +109,25 @@ def test_errors_name_the_problem(store, tmp_path):
     blocker.write_text("x")
     with pytest.raises(CoevoError, match="cannot write the report"):
         write_report(store, "r", blocker / "r.html")
+
+
+def test_human_reviews_are_listed_and_the_gate_numbers_kept(store):
+    world = populate(store)
+    assert "Human reviews" not in render_report(store, "exp1")  # none yet: no section
+    # The pending proposal passes the gate, is held, approved with a note, and applied.
+    store.add_decision(world.pend, policy="paired", accepted=True, reason="clears the gate",
+                       statistic={"mean_diff": 0.25, "p_value": 0.01}, rollouts=8,
+                       status="pending")
+    rid = store.add_review(world.pend, decision="approve", by="dana <d@x>", note="ok <b>go</b>")
+    store.add_decision(world.pend, policy="review", accepted=True,
+                       reason=f"approved by review {rid[:12]} by dana",
+                       statistic={"review": rid})
+    text = render_report(store, "exp1")
+    section = text[text.index("<h2>Human reviews</h2>"):]
+    row = re.search(r"<tbody><tr>(.*?)</tr>", section).group(1)
+    assert re.findall(r"<td>(.*?)</td>", row)[2:] == ["dana &lt;d@x&gt;", "approve",
+                                                      "ok &lt;b&gt;go&lt;/b&gt;"]
+    assert world.pend[:12] in row
+    [pend] = [r for r in proposal_rows(store, run="exp1") if r.id == world.pend]
+    assert (pend.status, pend.reason) == ("accepted", f"approved by review {rid[:12]} by dana")
+    assert (pend.mean_diff, pend.p_value, pend.rollouts) == (0.25, 0.01, 8)  # the gate's

@@ -3,8 +3,10 @@ scripted runs of tests/serve_glue.py, driven by Playwright through Debian's chro
 
 A reviewer opens the run, clicks to the rejected proposal, reads the diff and the per-task
 evidence, filters the tasks it lost and opens both episodes of one; follows the final
-harness to its blame and lineage; compares two runs. Model-written HTML stays text in the
-browser, and the content security policy is never violated (no console error).
+harness to its blame and lineage; compares two runs. With `coevo serve --review` a reviewer
+approves a candidate the run holds for review by clicking, and the resumed run applies it.
+Model-written HTML (and a reviewer's note) stays text in the browser, and the content
+security policy is never violated (no console error).
 
 Screenshots of these pages are taken on every run; with COEVO_UPDATE_SCREENSHOTS=1 they are
 written to docs/ (what the README shows), otherwise to a temporary folder.
@@ -46,16 +48,16 @@ def _missing() -> str | None:
     return None
 
 
-@pytest.fixture(scope="module")
-def server(review_store):
-    """`coevo serve --port 0` on the test store; yields the URL it printed."""
+def _serve(db: str, *extra: str):
+    """Start `coevo serve --port 0` (the CLI, as a user starts it) on `db`; returns the
+    process, the URL it printed and its first lines. Skips (fails in CI) without the tools."""
     problem = _missing()
     if problem:
         if os.environ.get("CI"):
             pytest.fail(f"CI must provide the browser test's tools (.ci/run installs them): {problem}")
         pytest.skip(problem)
-    proc = subprocess.Popen([sys.executable, "-m", "coevo.cli", "serve", "--db", review_store[0],
-                             "--port", "0"], cwd=REPO, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "coevo.cli", "serve", "--db", db,
+                             "--port", "0", *extra], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     lines: queue.Queue[str] = queue.Queue()  # read in a thread: readline() would block
     threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
@@ -67,9 +69,19 @@ def server(review_store):
             continue
         m = re.search(r"open (http://127\.0\.0\.1:\d+/)", seen[-1])
         url = m.group(1) if m else None
+    if not url:
+        proc.terminate()
+        proc.wait(timeout=30)
+        pytest.fail(f"coevo serve printed no URL: {''.join(seen)}")
+    return proc, url, "".join(seen)
+
+
+@pytest.fixture(scope="module")
+def server(review_store):
+    """`coevo serve --port 0` on the test store; yields the URL it printed."""
+    proc, url, seen = _serve(review_store[0])
     try:
-        assert url, f"coevo serve printed no URL: {''.join(seen)}"
-        assert "(read-only)" in "".join(seen)
+        assert "(read-only)" in seen
         yield url
     finally:
         proc.terminate()
@@ -190,3 +202,59 @@ def test_compare_two_ticked_runs(page, server, shots):
     assert page.locator("h1").inner_text() == "Compare 2 runs"
     assert page.locator("svg.chart circle").count() == 4 + 3
     snap(page, shots, "compare")
+
+
+def _off_loop(fn, *args):
+    """fn(*args) in another thread: Playwright's sync API keeps an event loop running in this
+    one, where the loop's synchronous episode runner refuses to start."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(fn, *args).result()
+
+
+def test_approve_a_held_candidate_with_review(page, tmp_path, shots):
+    """`coevo serve --review`: approve the candidate the run holds by clicking; the review row
+    is stored (its note, model-free but typed by a person, still shown as text); resumed, the
+    run applies it and the page shows the review's decision."""
+    from coevo.store import Store
+
+    url, ids = _off_loop(serve_glue.build_held_store, tmp_path / "held.db")
+    proc, server, seen = _serve(url, "--review")
+    note = "<script>document.title='pwned'</script> checked the evidence"
+    try:
+        assert "(review: approve / veto enabled)" in seen
+        page.goto(f"{server}proposals/{ids['tool']}")
+        assert page.locator("p.verdict").inner_text().startswith("Awaiting human review.")
+        page.get_by_label("your name").fill("alice")
+        page.get_by_label("note").fill(note)
+        snap(page, shots, "review")
+        page.get_by_role("button", name="Approve").click()
+        page.wait_for_url(f"**/proposals/{ids['tool']}#review")
+        row = page.locator("table.reviews tr.review-row")
+        assert row.count() == 1 and row.locator("td").nth(1).inner_text() == "alice"
+        assert row.locator("td").nth(2).inner_text() == "approve"
+        assert row.locator("td.note").inner_text() == note
+        assert page.evaluate("document.title").startswith("Proposal ")  # the note never ran
+        assert page.locator("form.review").count() == 0
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    store = Store.open(url)
+    [rv] = store.reviews(proposal=ids["tool"])
+    assert (rv.by, rv.decision, rv.note) == ("alice", "approve", note)
+    seed = store.get_run("review-held").config["seed"]["harness"]
+    _off_loop(serve_glue.resume_run, store, serve_glue.config(
+        "review-held", [serve_glue.TOOL, serve_glue.STYLE], 2, seed, human_review=True))
+    [gate, review] = store.decisions(ids["tool"])
+    assert gate.accepted and (review.policy, review.accepted) == ("review", True)
+    assert review.statistic["review"] == rv.id and store.get_proposal(ids["tool"]).status == "accepted"
+    store.close()
+    proc, server, _ = _serve(url)
+    try:
+        page.goto(f"{server}proposals/{ids['tool']}")
+        assert page.locator("p.verdict").inner_text().startswith(
+            "Accepted by human review: approved by review")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

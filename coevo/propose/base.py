@@ -273,3 +273,14 @@ def dedupe(cands: Sequence[Candidate]) -> list[Candidate]:
                 seen[key] = c.proposer
         out.append(c)
     return out
+
+
+def stored_candidate(store: Any, p: Any) -> Candidate:
+    """The Candidate of a stored proposal record `p` (its asset, or a skill library with its
+    member skills, read back from `store`; an invalid one has none)."""
+    if p.candidate is None:
+        return Candidate(asset=None, proposer=p.proposer, kind=p.kind, error=p.error)
+    asset, skills = (store.get_library(p.candidate) if p.kind == "skill_library"
+                     else (store.get_asset(p.kind, p.candidate), []))
+    return Candidate(asset=asset, proposer=p.proposer, kind=p.kind, rationale=p.rationale,
+                     predicted_effect=p.predicted_effect, skills=skills)

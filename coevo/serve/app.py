@@ -1,12 +1,13 @@
 """The reviewer web app: a Starlette application over a read-only store, pages rendered on the
 server from Jinja2 templates (no script at all: forms are plain GET forms, charts are inline
-SVG drawn by charts.py).
+SVG drawn by charts.py; with --review, one POST form, see review.py).
 
 Security. Every template autoescapes, so text a model wrote (rationales, raw outputs, prompts,
 task ids, messages) is shown, never interpreted: a `<script>` in a rationale is text. The
 content security policy allows no script, no inline style and nothing from another origin,
 so even a template mistake could not run one. Only GET and HEAD are routed (anything else is
-405), the store is opened read-only (the database refuses writes), and the Host header must
+405; --review adds the review POST and opens the store writable, else the store is opened
+read-only and the database refuses writes), and the Host header must
 name the address served (a page on another site cannot reach a loopback server through DNS
 rebinding). Bad input is a 400 or 404 page that says what was wrong; an unexpected error is
 a 500 page without a traceback (the traceback goes to the log).
@@ -34,6 +35,7 @@ from coevo.errors import CoevoError, NotFound
 from coevo.serve import proposal as P
 from coevo.serve import versions as V
 from coevo.serve import views
+from coevo.serve.review import Refused, ReviewSettings, post_review
 from coevo.serve.views import BadRequest
 from coevo.store import Store
 
@@ -43,7 +45,9 @@ HEADERS = [
     (b"content-security-policy", b"default-src 'none'; style-src 'self'; img-src 'self' data:; "
                                  b"form-action 'self'; frame-ancestors 'none'; base-uri 'none'"),
     (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"no-referrer"),
+    # same-origin, not no-referrer: under no-referrer a browser sends `Origin: null` with a
+    # form post, and the review endpoint refuses writes whose Origin is not this server.
+    (b"referrer-policy", b"same-origin"),
     (b"x-frame-options", b"DENY"),
 ]
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
@@ -75,6 +79,7 @@ def templates() -> Environment:
                       undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters.update(short=short, fmt=fmt, signed=signed, when=when)
     env.globals["reward_rows"] = P.reward_rows
+    env.globals["review_mode"] = False
     return env
 
 
@@ -111,29 +116,42 @@ def _int(request: Request, name: str, default: int, minimum: int = 0) -> int:
     return value
 
 
-def create_app(store: Store, allowed_hosts: Sequence[str] = ("*",)) -> Starlette:
+def create_app(store: Store, allowed_hosts: Sequence[str] = ("*",),
+               review: ReviewSettings | None = None) -> Starlette:
     """The app over `store` (open it with coevo.store.queries.open_readonly). `allowed_hosts`:
-    the Host header values accepted ("*": any)."""
+    the Host header values accepted ("*": any). `review` (coevo serve --review, a writable
+    store): the approve / veto form and its one POST endpoint (coevo/serve/review.py);
+    without it no route writes."""
     env = templates()
+    env.globals["review_mode"] = review is not None
 
     def render(name: str, status: int = 200, **ctx: Any) -> HTMLResponse:
         return HTMLResponse(env.get_template(name).render(**ctx), status_code=status)
+
+    def failed(request: Request, e: Exception) -> Response:
+        if isinstance(e, Refused):
+            return render("error.html", 403, code=403, title="refused", message=str(e))
+        if isinstance(e, NotFound):
+            return render("error.html", 404, code=404, title="not found", message=str(e))
+        if isinstance(e, CoevoError):  # BadRequest among them
+            return render("error.html", 400, code=400, title="bad request", message=str(e))
+        log.exception("%s failed", request.url.path)
+        return render("error.html", 500, code=500, title="internal error",
+                      message="the page failed to render; the server log has the details")
 
     def page(name: str, build: Callable[[Request], dict[str, Any]]) -> Callable[[Request], Response]:
         def endpoint(request: Request) -> Response:
             try:
                 return render(name, **build(request))
-            except BadRequest as e:
-                return render("error.html", 400, code=400, title="bad request", message=str(e))
-            except NotFound as e:
-                return render("error.html", 404, code=404, title="not found", message=str(e))
-            except CoevoError as e:
-                return render("error.html", 400, code=400, title="bad request", message=str(e))
-            except Exception:
-                log.exception("%s failed", request.url.path)
-                return render("error.html", 500, code=500, title="internal error",
-                              message="the page failed to render; the server log has the details")
+            except Exception as e:
+                return failed(request, e)
         return endpoint
+
+    async def review_endpoint(request: Request) -> Response:
+        try:
+            return await post_review(request, store, review)  # type: ignore[arg-type]
+        except Exception as e:
+            return failed(request, e)
 
     def p(request: Request) -> dict[str, Any]:
         return request.path_params
@@ -148,8 +166,9 @@ def create_app(store: Store, allowed_hosts: Sequence[str] = ("*",)) -> Starlette
             store, p(r)["run"], _path_int(p(r)["index"], "round")))),
         Route("/proposals", page("search.html", lambda r: views.search_view(
             store, dict(r.query_params), _int(r, "page", 1, 1)))),
-        Route("/proposals/{pid}", page("proposal.html", lambda r: P.proposal_view(
-            store, p(r)["pid"], r.query_params.get("show") or "all", _int(r, "page", 1, 1)))),
+        Route("/proposals/{pid}", page("proposal.html", lambda r: {**P.proposal_view(
+            store, p(r)["pid"], r.query_params.get("show") or "all", _int(r, "page", 1, 1)),
+            "form": review.form() if review else None})),
         Route("/proposals/{pid}/pair", page("pair.html", lambda r: P.pair_view(
             store, p(r)["pid"], r.query_params.get("task", ""), _int(r, "sample", 0, 0)))),
         Route("/trajectories/{tid}", page("trajectory.html", lambda r: P.trajectory_view(
@@ -161,11 +180,15 @@ def create_app(store: Store, allowed_hosts: Sequence[str] = ("*",)) -> Starlette
         Route("/static/style.css", lambda r: FileResponse(HERE / "static" / "style.css",
                                                           media_type="text/css")),
     ]
+    if review is not None:
+        routes.append(Route("/proposals/{pid}/review", review_endpoint, methods=["POST"]))
 
     async def http_error(request: Request, exc: Exception) -> Response:
         code = exc.status_code if isinstance(exc, HTTPException) else 500
         message = {404: f"no page at {request.url.path}",
-                   405: f"{request.method} is not allowed: this app only reads"}.get(
+                   405: f"{request.method} is not allowed here" + (
+                       "" if review else ": this app only reads (coevo serve --review adds "
+                       "the review form)")}.get(
             code, getattr(exc, "detail", "error"))
         return render("error.html", code, code=code, title={404: "not found", 405: "read-only"}
                       .get(code, "error"), message=message)

@@ -23,6 +23,7 @@ from coevo.serve.diff import FieldDiff, field_diffs, rows_from_unified
 from coevo.serve.views import BadRequest, Page, number
 from coevo.store import DecisionRecord, EvidenceRow, ProposalRecord, Store
 from coevo.store.queries import EpisodeSummary, asset_contents, evidence_episodes
+from coevo.store.records import REVIEW_POLICY
 
 EVIDENCE_PER_PAGE = 100
 OUTCOMES = ("won", "lost", "tied", "missing")
@@ -141,7 +142,7 @@ def proposal_view(store: Store, pid: str, show: str, page: int) -> dict[str, Any
         raise BadRequest(f"show {show!r}: expected all, {', '.join(OUTCOMES)}")
     p = store.get_proposal(pid)
     run = store.get_run(p.run) if p.run else None
-    decisions = store.decisions(p.id)
+    decisions, reviewed = gate_decisions(store, p.id)
     decision = decisions[-1] if decisions else None
     diffs, diff_source = _diffs(store, p)
     episodes = evidence_episodes(store, p.id) if decision and decision.evidence else {}
@@ -162,7 +163,17 @@ def proposal_view(store: Store, pid: str, show: str, page: int) -> dict[str, Any
         "statistic": _statistic_rows(decision.statistic) if decision else [],
         "linked": bool(episodes), "same_episode": p.kind == "rubric",
         "task_prefix": common_prefix([x.row.task_id for x in lines]),
+        "reviews": store.reviews(proposal=p.id), "review_decision": reviewed,
+        "awaiting": p.status == "pending" and decision is not None and decision.accepted,
     }
+
+
+def gate_decisions(store: Store, pid: str) -> tuple[list[DecisionRecord], DecisionRecord | None]:
+    """A proposal's gate decisions (the last one is the verdict with the evidence) and the
+    decision that applied its human review, if any (policy "review", coevo/reviewstep.py)."""
+    decisions = store.decisions(pid)
+    gate = [d for d in decisions if d.policy != REVIEW_POLICY]
+    return gate, next((d for d in decisions if d.policy == REVIEW_POLICY), None)
 
 
 HEADLINE = ("mean_diff", "ci_low_bound", "ci_low", "ci_high", "p_value", "p_adjusted", "wins",
@@ -186,7 +197,7 @@ def pair_view(store: Store, pid: str, task: str, sample: int) -> dict[str, Any]:
     if not task:
         raise BadRequest("task: give the evidence row's task id (?task=...&sample=...)")
     p = store.get_proposal(pid)
-    decisions = store.decisions(p.id)
+    decisions, _ = gate_decisions(store, p.id)
     rows = [e for e in (decisions[-1].evidence if decisions else [])
             if e.task_id == task and e.sample == sample]
     if not rows:

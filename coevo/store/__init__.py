@@ -8,6 +8,7 @@ from coevo.store.records import (
     EvidenceRow,
     ProposalRecord,
     ResultRow,
+    ReviewRecord,
     RoundRecord,
     RunRecord,
 )
@@ -16,5 +17,5 @@ from coevo.store.store import Store
 
 __all__ = [
     "DEFAULT_URL", "Store", "resolve_url", "AssetRecord", "CheckpointRecord", "DecisionRecord",
-    "EvaluationRecord", "EvidenceRow", "ProposalRecord", "ResultRow", "RoundRecord", "RunRecord",
+    "EvaluationRecord", "EvidenceRow", "ProposalRecord", "ResultRow", "ReviewRecord", "RoundRecord", "RunRecord",
 ]

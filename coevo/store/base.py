@@ -2,7 +2,7 @@
 part of the store needs (a run by id or name, a round, referenced asset versions).
 
 The store is split by concern into mixins over this base (assets.py, runs.py, episodes.py,
-proposals.py); coevo/store/store.py composes them into `Store`, which adds opening and the
+proposals.py, reviews.py); coevo/store/store.py composes them into `Store`, which adds opening and the
 schema. Only these modules talk SQL.
 """
 

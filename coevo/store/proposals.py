@@ -82,11 +82,14 @@ class ProposalStore(StoreBase):
     def add_decision(self, proposal: str, *, policy: str, accepted: bool, reason: str,
                      statistic: dict[str, Any] | None = None, rollouts: int = 0,
                      evidence: Sequence[EvidenceRow | dict[str, Any]] = (), metric: str = "",
-                     stages: Sequence[Any] = ()) -> str:
+                     stages: Sequence[Any] = (), status: str | None = None) -> str:
         """Record a gate decision with its per-task evidence, the metric it decided on and the
         stage records of its comparison (pydantic models or dicts), and set the proposal's
-        status to accepted / rejected in the same transaction. One decision per proposal (a
-        unique constraint). Returns the decision id."""
+        status to accepted / rejected in the same transaction (`status` overrides it: a run
+        with human review keeps an accepted candidate "pending" its review). One decision per
+        proposal and policy (a unique key). Returns the decision id."""
+        if status is not None:
+            _check_status(status)
         ev_rows = [EvidenceRow.model_validate(e) for e in evidence]
         with self.transaction() as s:
             prop = self._proposal(s, proposal)
@@ -101,7 +104,7 @@ class ProposalStore(StoreBase):
                 s.execute(sa.insert(T.Evidence.__table__), [
                     {"decision_id": row.id, "proposal_id": prop.id, **e.model_dump()}
                     for e in ev_rows])
-            prop.status = "accepted" if accepted else "rejected"
+            prop.status = status or ("accepted" if accepted else "rejected")
             return row.id
 
     def decisions(self, proposal: str) -> list[DecisionRecord]:

@@ -31,6 +31,7 @@ from coevo.store import tables as T
 from coevo.store.engine import make_engine, resolve_url
 from coevo.store.records import (
     PROPOSAL_STATUSES,
+    REVIEW_POLICY,
     AssetRecord,
     RoundRecord,
     RunRecord,
@@ -106,11 +107,12 @@ class ProposalFilter(_Record):
     text: str | None = None
 
 
-def open_readonly(url: str | None = None) -> Store:
+def open_readonly(url: str | None = None, *, readonly: bool = True) -> Store:
     """The store at `url` (see engine.resolve_url) opened for reading only: no migration, no
-    file created, every write refused by the database. Fails with a clear error when there
-    is no store there or its schema is not this coevo's."""
-    store = Store(make_engine(resolve_url(url), readonly=True))
+    file created, every write refused by the database (`readonly=False`: writable, for
+    `coevo serve --review`, still never migrated or created). Fails with a clear error when
+    there is no store there or its schema is not this coevo's."""
+    store = Store(make_engine(resolve_url(url), readonly=readonly))
     try:
         have, head = store.current_revision(), store.head_revision()
     except sa.exc.SQLAlchemyError as e:
@@ -250,16 +252,20 @@ def _summaries(s: Any, rows: list[Any]) -> list[ProposalSummary]:
     d = T.Decision
     ids = [r[0].id for r in rows]
     latest: dict[str, Any] = {}
+    gate: dict[str, Any] = {}  # the gate's verdict: its numbers stay after a review's
     if ids:
         for dec in s.execute(sa.select(d).where(d.proposal_id.in_(ids))
                              .order_by(d.created_at, d.id)).scalars():
             latest[dec.proposal_id] = dec
+            if dec.policy != REVIEW_POLICY:
+                gate[dec.proposal_id] = dec
     out = []
     for prop, run_name in rows:
-        dec = latest.get(prop.id)
+        dec, numbers = latest.get(prop.id), gate.get(prop.id)
         extra = {} if dec is None else dict(accepted=dec.accepted, reason=dec.reason,
-                                              policy=dec.policy, statistic=dec.statistic,
-                                              rollouts=dec.rollouts)
+                                              policy=dec.policy)
+        if numbers is not None:
+            extra.update(statistic=numbers.statistic, rollouts=numbers.rollouts)
         out.append(ProposalSummary(
             id=prop.id, run=prop.run_id, run_name=run_name, round=prop.round,
             proposer=prop.proposer, model=prop.model or "", kind=prop.kind, status=prop.status,

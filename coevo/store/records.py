@@ -148,6 +148,21 @@ class DecisionRecord(_Record):
     stages: list[dict[str, Any]] = Field(default_factory=list)  # the last is the cited stop
 
 
+REVIEW_DECISIONS: tuple[str, ...] = ("approve", "veto")
+REVIEW_POLICY = "review"  # the policy of the decision that applies a review
+
+
+class ReviewRecord(_Record):
+    """A person's approve / veto of a candidate held for review (coevo/store/reviews.py)."""
+
+    id: str
+    proposal: str
+    by: str
+    decision: str  # approve | veto
+    note: str
+    created_at: datetime
+
+
 # --- row -> record conversions -------------------------------------------------------------
 
 

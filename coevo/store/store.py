@@ -11,7 +11,7 @@ Design:
   calls into one (they join the outer transaction), so a failure leaves nothing half-written.
 - Connection settings (SQLite pragmas, explicit BEGIN IMMEDIATE) are in engine.py; row <->
   record conversions in records.py; the schema in tables.py; the `Store` API is split by
-  concern into assets.py, runs.py, episodes.py and proposals.py over base.py.
+  concern into assets.py, runs.py, episodes.py, proposals.py and reviews.py over base.py.
 - Lineage is a recursive CTE over `asset_versions.parent_hash`, not a walk in Python.
 - Trajectories are inserted with one executemany per batch; per-token arrays are packed blobs
   (coevo/store/codec.py).
@@ -34,16 +34,18 @@ from coevo.store.assets import AssetStore
 from coevo.store.engine import make_engine, resolve_url
 from coevo.store.episodes import EpisodeStore
 from coevo.store.proposals import ProposalStore
+from coevo.store.reviews import ReviewStore
 from coevo.store.runs import RunStore
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 _PG_MIGRATION_LOCK = 0x636F65766F  # "coevo": serialises concurrent first opens on one server
 
 
-class Store(AssetStore, RunStore, EpisodeStore, ProposalStore):
+class Store(AssetStore, RunStore, EpisodeStore, ProposalStore, ReviewStore):
     """A handle on one database (thread-safe: each thread gets its own session). The parts are
     split by concern: assets.py, runs.py (runs, rounds, checkpoints, budgets), episodes.py
-    (trajectories, evaluations), proposals.py (proposals, decisions, evidence); base.py holds
+    (trajectories, evaluations), proposals.py (proposals, decisions, evidence), reviews.py
+    (human reviews); base.py holds
     the session and transaction plumbing they share."""
 
     # --- opening and schema -----------------------------------------------------------------

@@ -260,7 +260,10 @@ class Proposal(Base):
 
 class Decision(Base):
     __tablename__ = "decisions"
-    __table_args__ = (sa.Index("uq_decisions_proposal_id", "proposal_id", unique=True),)  # 0004: one verdict per proposal
+    # 0004: one verdict per proposal; 0007: one per proposal and policy (the gate's verdict,
+    # then a human review's, policy "review", when the run holds candidates for review).
+    __table_args__ = (sa.Index("uq_decisions_proposal_id_policy", "proposal_id", "policy",
+                               unique=True),)
     id: Mapped[str] = mapped_column(ID, primary_key=True)
     proposal_id: Mapped[str] = mapped_column(ID, sa.ForeignKey("proposals.id"), index=True)
     policy: Mapped[str] = mapped_column(sa.String(100))
@@ -313,6 +316,23 @@ class Budget(Base):
     # 0004: idempotency key of a charge (e.g. "rl:0:3" for step 3 of round 0's RL stage): a
     # step or evaluation redone after a crash is charged once.
     key: Mapped[str | None] = mapped_column(sa.String(200))
+
+
+# --- added by revision 0007 -------------------------------------------------------------------
+
+
+class Review(Base):
+    """A person's verdict on a candidate the gate passed and the run holds for review
+    (`gate.human_review`): approve or veto, with who and why. One per proposal; the loop
+    applies it at the next round start and records that as a decision (policy "review")."""
+
+    __tablename__ = "reviews"
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    proposal_id: Mapped[str] = mapped_column(ID, sa.ForeignKey("proposals.id"), unique=True)
+    reviewer: Mapped[str] = mapped_column(sa.String(200))
+    decision: Mapped[str] = mapped_column(sa.String(16))  # approve | veto
+    note: Mapped[str] = mapped_column(sa.Text, default="")
+    created_at: Mapped[datetime] = _created()
 
 
 # Audit-query indexes, also from revision 0002: "every trajectory of harness version X" and
