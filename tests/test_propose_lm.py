@@ -176,6 +176,45 @@ def test_a_random_model_writes_schema_valid_json_only_when_constrained(tmp_path)
     assert ok == 0
 
 
+class Note(dspy.Signature):
+    """Write a note."""
+
+    question: str = dspy.InputField()
+    note: str = dspy.OutputField()
+    tag: str = dspy.OutputField()
+
+
+def test_bounded_strings_let_a_looping_model_close_its_json_within_max_tokens(tmp_path):
+    """Free strings are capped (maxLength, the strings sharing 2 x max_tokens characters): a
+    model that would write on inside a string is made to close it, so the answer is complete
+    JSON before max_tokens. Without the caps half the random model's answers are cut open."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tiny_glue import load_tiny_model, save_tiny_model
+
+    from coevo.models.hf import HFBackend
+
+    model, tok = load_tiny_model(save_tiny_model(tmp_path / "tiny"))
+    backend = HFBackend(model, tok)
+    ok = {True: 0, False: 0}
+    for bound in (True, False):
+        for seed in range(6):
+            spec = {"backend": "embedded", "max_tokens": 48, "seed": seed, "temperature": 1.0,
+                    "bound_strings": bound}
+            lm = proposer_lm(spec, backend=backend)
+            call = run_program(lm, dspy.Predict(Note), question="q")
+            ok[bound] += call.ok
+            if bound:
+                assert len(call.outputs["note"]) <= 48 and len(call.outputs["tag"]) <= 48
+    assert ok[True] == 6 and ok[False] <= 4
+    b = Scripted('{"note": "n", "tag": "t"}')
+    run_program(proposer_lm({"max_tokens": 48}, backend=b), dspy.Predict(Note), question="q")
+    schema = b.requests[0].constraint.json_schema
+    assert [schema["properties"][k]["maxLength"] for k in ("note", "tag")] == [48, 48]
+
+
 # --- digest -------------------------------------------------------------------------------------
 
 

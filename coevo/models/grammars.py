@@ -88,6 +88,57 @@ def clean_schema(schema: Any, closed: bool = True) -> Any:
     return out
 
 
+def _walk(schema: Any, visit: Any) -> Any:
+    """A copy of `schema` with `visit(node)` applied to every sub-schema, inner ones first."""
+    if isinstance(schema, list):
+        return [_walk(s, visit) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for k, v in schema.items():
+        if k == "properties" and isinstance(v, dict):
+            out[k] = {p: _walk(x, visit) for p, x in v.items()}
+        elif k in ("items", "additionalProperties", "anyOf", "oneOf", "allOf") and \
+                isinstance(v, (dict, list)):
+            out[k] = _walk(v, visit)
+        else:
+            out[k] = v
+    return visit(out)
+
+
+def _is_free_string(node: dict[str, Any]) -> bool:
+    kind = node.get("type")
+    return (kind == "string" or (isinstance(kind, list) and "string" in kind)) and not (
+        {"maxLength", "enum", "const"} & set(node))
+
+
+def bound_strings(schema: Any, max_tokens: int, max_items: int = 8) -> Any:
+    """The schema with every free string capped (`maxLength`) and every array bounded
+    (`maxItems`), so a complete answer fits in about `max_tokens`: the strings share twice
+    that many characters (at least 24 each).
+
+    A grammar only says what may come next; it cannot make a small model stop. A model that
+    loops inside a string ("12345678...") runs into max_tokens with the JSON still open and the
+    answer is lost; with a bound the grammar closes the string and moves on to the next key.
+
+    >>> bound_strings({"type": "object", "properties": {"a": {"type": "string"},
+    ...     "b": {"anyOf": [{"type": "string"}, {"type": "null"}]}}}, 100)["properties"]
+    {'a': {'type': 'string', 'maxLength': 100}, 'b': {'anyOf': [{'type': 'string', 'maxLength': 100}, {'type': 'null'}]}}
+    """
+    strings: list[int] = []
+    _walk(schema, lambda n: strings.append(1) or n if _is_free_string(n) else n)
+    per = max(24, 2 * max_tokens // max(len(strings), 1))
+
+    def cap(node: dict[str, Any]) -> dict[str, Any]:
+        if _is_free_string(node):
+            return {**node, "maxLength": per}
+        if node.get("type") == "array" and "maxItems" not in node:
+            return {**node, "maxItems": max_items}
+        return node
+
+    return _walk(schema, cap)
+
+
 def call_schema(fn: dict[str, Any]) -> dict[str, Any]:
     """The JSON Schema of one call of `fn`: name fixed, arguments per its parameters."""
     params = clean_schema(fn.get("parameters") or {"type": "object", "properties": {}})

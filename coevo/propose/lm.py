@@ -55,7 +55,7 @@ from pydantic import BaseModel, ConfigDict, Field  # noqa: E402
 from coevo.errors import CoevoError  # noqa: E402
 from coevo.models.base import Request, Sampling  # noqa: E402
 from coevo.models.constrain import Constraint  # noqa: E402
-from coevo.models.grammars import clean_schema  # noqa: E402
+from coevo.models.grammars import bound_strings, clean_schema  # noqa: E402
 
 CassetteMode = Literal["record", "replay", "auto", "off"]
 
@@ -81,6 +81,8 @@ class ProposerModel(BaseModel):
     top_k: int = Field(50, ge=0)
     seed: int | None = 0
     json_schema: bool = True  # constrain decoding to the signature's output JSON Schema
+    # ... with every string capped so the whole answer fits in max_tokens (maxLength)
+    bound_strings: bool = True
 
     @classmethod
     def parse(cls, model: "ProposerModel | str | dict[str, Any] | None") -> "ProposerModel":
@@ -221,7 +223,12 @@ class BackendEngine:
             return None
         # Closed objects: exactly the signature's keys (an open object lets a small model keep
         # writing invented keys until max_tokens cuts the JSON).
-        return Constraint.of_json_schema(clean_schema(schema), source="proposer output schema")
+        # Bounded strings and arrays: a model looping inside a string cannot run past
+        # max_tokens with the JSON still open (the answer would be lost).
+        schema = clean_schema(schema)
+        if self.model.bound_strings:
+            schema = bound_strings(schema, self.model.max_tokens)
+        return Constraint.of_json_schema(schema, source="proposer output schema")
 
     def backend(self) -> Any:
         if self._backend is None:
