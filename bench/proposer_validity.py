@@ -90,7 +90,8 @@ def collect(n_contexts: int) -> None:
     (DATA / "proposer_contexts.json").write_text(json.dumps(contexts))
 
 
-def measure(proposers: list[str], max_tokens: int) -> dict:
+def measure(proposers: list[str], max_tokens: int,
+            modes: tuple[bool, ...] = (False, True)) -> dict:
     from coevo.models.registry import load_backend
     from coevo.propose import make_proposer
     from coevo.propose.base import ProposalContext
@@ -107,7 +108,7 @@ def measure(proposers: list[str], max_tokens: int) -> dict:
         ctx = ProposalContext(run="bench", round=0, incumbent=inc, trajectories=trajs,
                               harnesses={inc.harness.hash: inc.harness}, seed=ctx_data["seed"])
         for name in proposers:
-            for constrained in (False, True):
+            for constrained in modes:
                 if (ctx_data["env"], ctx_data["seed"], name, constrained) in done:
                     continue
                 model = {"backend": "embedded", "max_tokens": max_tokens,
@@ -154,13 +155,16 @@ def main() -> None:
     ap.add_argument("--proposers", default="harness,skills,rubrics")
     ap.add_argument("--max-tokens", type=int, default=320)
     ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--modes", default="free,constrained",
+                    help="decoding modes to measure, in this order (free, constrained)")
     args = ap.parse_args()
     out = DATA / "proposer_validity.json"
     if args.collect:
         collect(args.contexts)
         return
     if not args.report_only:
-        data = measure(args.proposers.split(","), args.max_tokens)
+        modes = tuple({"free": False, "constrained": True}[m] for m in args.modes.split(","))
+        data = measure(args.proposers.split(","), args.max_tokens, modes)
         out.write_text(json.dumps(data, indent=1))
         PARTIAL.unlink(missing_ok=True)
     if args.report_only and PARTIAL.exists():  # a run still going, or stopped: what it has
