@@ -1,23 +1,25 @@
 """The `coevo` command line. Each command is a few lines calling the library; its docstring is
-its help. Errors a user can act on (coevo.errors.CoevoError) print as one line and exit 1."""
+its help. Errors a user can act on print as one line and exit non-zero (coevo/oneline.py)."""
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from coevo.errors import CoevoError
+from coevo.cliflags import choice, not_empty, positive, proposal_status, run_name
+from coevo.oneline import OneLineGroup
 from coevo.terminal import escaped, safe
 from coevo.train_settings import TrainSettings, resume_settings, stored_agent_assets
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__.split("\n")[0])
+app = typer.Typer(cls=OneLineGroup, no_args_is_help=True, add_completion=False,
+                  help=__doc__.split("\n")[0])
 harness_app = typer.Typer(no_args_is_help=True, help="Harness versions: list, show, diff, export.")
 skills_app = typer.Typer(no_args_is_help=True, help="Skill versions: list, show.")
 rubrics_app = typer.Typer(no_args_is_help=True, help="Rubric versions: list, show.")
@@ -33,7 +35,6 @@ app.add_typer(runs_app, name="runs")
 app.add_typer(proposals_app, name="proposals")
 
 console = Console()
-err = Console(stderr=True)
 
 DbOption = typer.Option(None, "--db", help="Store URL or SQLite path (default: $COEVO_DB or ./coevo.db).")
 
@@ -49,20 +50,6 @@ def _main() -> None:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
-def _cli(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn CoevoError (bad input, unknown reference) into a one-line message and exit code 1."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except CoevoError as e:
-            err.print(f"[red]error:[/red] {escaped(e)}", highlight=False, soft_wrap=True)
-            raise typer.Exit(1) from None
-
-    return wrapper
-
-
 def _store(db: Optional[str]):
     from coevo.store import Store
 
@@ -73,6 +60,10 @@ def seed_root(assets: Optional[Path]) -> Path:
     """Where seed assets live: --assets, else the current folder when it has harnesses/, else
     the source checkout this package was installed from (an editable install)."""
     if assets is not None:
+        if not (assets / "harnesses").is_dir():
+            what = "does not exist" if not assets.exists() else "has no harnesses/ folder"
+            raise CoevoError(f"--assets {assets}: {what} (a seed folder holds harnesses/ "
+                             "skills/ rubrics/)")
         return assets
     here = Path.cwd()
     if (here / "harnesses").is_dir():
@@ -92,7 +83,6 @@ def _short(h: Optional[str]) -> str:
 
 
 @app.command()
-@_cli
 def init(
     assets: Optional[Path] = typer.Option(None, "--assets", help="Folder holding harnesses/ skills/ rubrics/."),
     db: Optional[str] = DbOption,
@@ -116,7 +106,6 @@ def init(
 
 
 @db_app.command("upgrade")
-@_cli
 def db_upgrade(db: Optional[str] = DbOption) -> None:
     """Apply every pending migration."""
     from coevo.store import Store
@@ -128,7 +117,6 @@ def db_upgrade(db: Optional[str] = DbOption) -> None:
 
 
 @db_app.command("current")
-@_cli
 def db_current(db: Optional[str] = DbOption) -> None:
     """Print the store's schema revision and the newest one this coevo knows."""
     from coevo.store import Store
@@ -167,21 +155,18 @@ def _show(kind: str, ref: str, db: Optional[str]) -> None:
 
 
 @harness_app.command("list")
-@_cli
 def harness_list(db: Optional[str] = DbOption) -> None:
     """List stored harness versions."""
     _list("harness", db)
 
 
 @harness_app.command("show")
-@_cli
 def harness_show(ref: str, db: Optional[str] = DbOption) -> None:
     """Print a harness version as its YAML file."""
     _show("harness", ref, db)
 
 
 @harness_app.command("diff")
-@_cli
 def harness_diff(a: str, b: str, db: Optional[str] = DbOption) -> None:
     """Field-level unified diff between two harness versions."""
     from coevo.assets import format_diff
@@ -191,7 +176,6 @@ def harness_diff(a: str, b: str, db: Optional[str] = DbOption) -> None:
 
 
 @harness_app.command("export")
-@_cli
 def harness_export(
     ref: str,
     out: Optional[Path] = typer.Option(None, "--out", help="File to write (default: stdout)."),
@@ -209,28 +193,24 @@ def harness_export(
 
 
 @skills_app.command("list")
-@_cli
 def skills_list(db: Optional[str] = DbOption) -> None:
     """List stored skill versions."""
     _list("skill", db)
 
 
 @skills_app.command("show")
-@_cli
 def skills_show(ref: str, db: Optional[str] = DbOption) -> None:
     """Print a skill version as its SKILL.md."""
     _show("skill", ref, db)
 
 
 @rubrics_app.command("list")
-@_cli
 def rubrics_list(db: Optional[str] = DbOption) -> None:
     """List stored rubric versions."""
     _list("rubric", db)
 
 
 @rubrics_app.command("show")
-@_cli
 def rubrics_show(ref: str, db: Optional[str] = DbOption) -> None:
     """Print a rubric version as its YAML file."""
     _show("rubric", ref, db)
@@ -263,19 +243,18 @@ def load_agent_assets(store, harness: str, rubric: Optional[str], skills: Option
 
 
 @app.command("eval")
-@_cli
 def eval_cmd(
     harness: str = typer.Option(..., "--harness", help="Harness name, hash or hash prefix."),
-    env: str = typer.Option(..., "--env", help="e.g. bfcl:simple_python, rg:basic_arithmetic"),
-    split: str = typer.Option("val", "--split", help="train | val | test"),
-    n: Optional[int] = typer.Option(None, "--n", help="Number of tasks (default: the whole split)."),
-    samples: int = typer.Option(1, "--samples", help="Episodes per task."),
+    env: str = typer.Option(..., "--env", callback=not_empty, help="e.g. bfcl:simple_python, rg:basic_arithmetic"),
+    split: str = typer.Option("val", "--split", callback=choice("train", "val", "test"), help="train | val | test"),
+    n: Optional[int] = typer.Option(None, "--n", min=1, help="Number of tasks (default: the whole split)."),
+    samples: int = typer.Option(1, "--samples", min=1, help="Episodes per task."),
     model: str = typer.Option("embedded", "--model", help="embedded | hf:PATH | openai:URL | llamacpp:PATH | vllm:PATH"),
     checkpoint: Optional[str] = typer.Option(None, "--checkpoint", help="Stored checkpoint id (LoRA adapter)."),
     rubric: Optional[str] = typer.Option(None, "--rubric", help="Rubric version (default: named like the harness)."),
     skills: Optional[str] = typer.Option(None, "--skills", help="Skill library version (default: seed)."),
     seed: int = typer.Option(0, "--seed"),
-    executor: str = typer.Option("local", "--executor", help="local | ray"),
+    executor: str = typer.Option("local", "--executor", callback=choice("local", "ray"), help="local | ray"),
     db: Optional[str] = DbOption,
 ) -> None:
     """Evaluate fixed assets (+ checkpoint) on a split; store every trajectory and result."""
@@ -296,26 +275,27 @@ def eval_cmd(
 
 
 @app.command("train")
-@_cli
 def train_cmd(
     ctx: typer.Context,
     harness: Optional[str] = typer.Option(None, "--harness", help="Harness name, hash or hash prefix (with --resume: the stored one)."),
-    env: Optional[str] = typer.Option(None, "--env", help="e.g. bfcl:simple_python (with --resume: the stored one)"),
-    steps: int = typer.Option(10, "--steps"),
-    group_size: int = typer.Option(4, "--group-size", help="G: samples per task (GRPO group)."),
-    tasks_per_step: int = typer.Option(4, "--tasks-per-step"),
+    env: Optional[str] = typer.Option(None, "--env", callback=not_empty, help="e.g. bfcl:simple_python (with --resume: the stored one)"),
+    steps: int = typer.Option(10, "--steps", min=1),
+    group_size: int = typer.Option(4, "--group-size", min=2, help="G: samples per task (GRPO group)."),
+    tasks_per_step: int = typer.Option(4, "--tasks-per-step", min=1),
     model: str = typer.Option("embedded", "--model", help="embedded | hf:PATH (local weights)"),
-    run: Optional[str] = typer.Option(None, "--run", help="Run name (default: train-<harness>-<env>)."),
+    run: Optional[str] = typer.Option(None, "--run", callback=run_name,
+                                      help="Run name (default: train-<harness>-<env>)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run from its latest checkpoint, with the settings it was started with (a differing flag is refused)."),
-    lr: float = typer.Option(1e-4, "--lr"),
-    lora_rank: int = typer.Option(16, "--lora-rank"),
-    checkpoint_every: int = typer.Option(5, "--checkpoint-every"),
-    warmup_steps: int = typer.Option(0, "--warmup-steps", help="Supervised steps on successes first."),
+    lr: float = typer.Option(1e-4, "--lr", callback=positive),
+    lora_rank: int = typer.Option(16, "--lora-rank", min=1),
+    checkpoint_every: int = typer.Option(5, "--checkpoint-every", min=1),
+    warmup_steps: int = typer.Option(0, "--warmup-steps", min=0, help="Supervised steps on successes first."),
     seed: int = typer.Option(0, "--seed"),
     rubric: Optional[str] = typer.Option(None, "--rubric"),
     skills: Optional[str] = typer.Option(None, "--skills"),
-    executor: str = typer.Option("local", "--executor", help="local (live policy) | ray (actors load each step's adapter)"),
-    actors: int = typer.Option(2, "--actors", help="Ray actors (with --executor ray)."),
+    executor: str = typer.Option("local", "--executor", callback=choice("local", "ray"),
+                                 help="local (live policy) | ray (actors load each step's adapter)"),
+    actors: int = typer.Option(2, "--actors", min=1, help="Ray actors (with --executor ray)."),
     rollout_model: Optional[str] = typer.Option(None, "--rollout-model", help="Roll out on another engine, e.g. vllm:PATH (loads each step's adapter)."),
     db: Optional[str] = DbOption,
 ) -> None:
@@ -414,7 +394,6 @@ def eval_table(result) -> Table:
 
 
 @runs_app.command("list")
-@_cli
 def runs_list(db: Optional[str] = DbOption) -> None:
     """List runs with their rounds, acceptances and last validation score."""
     from coevo.audit import runs_table
@@ -423,7 +402,6 @@ def runs_list(db: Optional[str] = DbOption) -> None:
 
 
 @runs_app.command("show")
-@_cli
 def runs_show(run: str, db: Optional[str] = DbOption) -> None:
     """Rounds (val and test scores, incumbent versions), budgets and checkpoints of a run."""
     from coevo.audit import run_view
@@ -432,10 +410,10 @@ def runs_show(run: str, db: Optional[str] = DbOption) -> None:
 
 
 @proposals_app.command("list")
-@_cli
 def proposals_list(
     run: Optional[str] = typer.Option(None, "--run", help="Only this run (id or name)."),
-    status: Optional[str] = typer.Option(None, "--status", help="accepted | rejected | invalid | pending"),
+    status: Optional[str] = typer.Option(None, "--status", callback=proposal_status,
+                                         help="accepted | rejected | invalid | pending"),
     db: Optional[str] = DbOption,
 ) -> None:
     """List proposals with the gate's reason for each decision."""
@@ -445,7 +423,6 @@ def proposals_list(
 
 
 @proposals_app.command("show")
-@_cli
 def proposals_show(
     id: str,
     prompt: bool = typer.Option(False, "--prompt", help="Also print the proposer's prompt and raw output."),
@@ -473,7 +450,6 @@ NoteOption = typer.Option("", "--note", help="Why (stored with the review).")
 
 
 @proposals_app.command("approve")
-@_cli
 def proposals_approve(id: str, by: str = ByOption, note: str = NoteOption,
                       db: Optional[str] = DbOption) -> None:
     """Approve a candidate the gate passed and the run holds for review (gate.human_review)."""
@@ -481,7 +457,6 @@ def proposals_approve(id: str, by: str = ByOption, note: str = NoteOption,
 
 
 @proposals_app.command("veto")
-@_cli
 def proposals_veto(id: str, by: str = ByOption, note: str = NoteOption,
                    db: Optional[str] = DbOption) -> None:
     """Veto a candidate the gate passed and the run holds for review: it is rejected."""
@@ -489,10 +464,10 @@ def proposals_veto(id: str, by: str = ByOption, note: str = NoteOption,
 
 
 @app.command()
-@_cli
 def lineage(
     version: str,
-    kind: Optional[str] = typer.Option(None, "--kind", help="harness | skill | skill_library | rubric"),
+    kind: Optional[str] = typer.Option(None, "--kind", callback=choice("harness", "skill", "skill_library", "rubric"),
+                                       help="harness | skill | skill_library | rubric"),
     db: Optional[str] = DbOption,
 ) -> None:
     """Tree of a version's ancestors and descendants, with the status of each proposal."""
@@ -502,7 +477,6 @@ def lineage(
 
 
 @app.command()
-@_cli
 def report(
     run: str,
     out: Path = typer.Option(Path("report.html"), "--out", "-o", help="HTML file to write."),
@@ -515,11 +489,10 @@ def report(
 
 
 @app.command()
-@_cli
 def serve(
     db: Optional[str] = DbOption,
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (loopback by default)."),
-    port: int = typer.Option(8765, "--port", help="Port to listen on (0: any free port)."),
+    port: int = typer.Option(8765, "--port", min=0, max=65535, help="Port to listen on (0: any free port)."),
     review: bool = typer.Option(False, "--review", help="Add approve / veto of held candidates."),
     token: Optional[str] = typer.Option(None, "--token", help="Review token (default: "
                                         "$COEVO_SERVE_TOKEN); required with --review off loopback."),
@@ -536,7 +509,6 @@ def serve(
 
 
 @app.command("run")
-@_cli
 def run_cmd(
     config: Optional[Path] = typer.Argument(None, help="Run config YAML (see training/)."),
     overrides: Optional[list[str]] = typer.Argument(None, help="Dotted overrides: rounds=3 gate.alpha=0.1"),
@@ -597,9 +569,8 @@ def _run_and_summarise(cfg, store, resume: Optional[str]) -> None:
 
 
 @app.command()
-@_cli
 def quickstart(
-    rounds: int = typer.Option(2, "--rounds"),
+    rounds: int = typer.Option(2, "--rounds", min=1),
     db: Optional[str] = DbOption,
 ) -> None:
     """Initialise the store and run a small gated co-evolution on the embedded default model."""

@@ -12,13 +12,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from coevo.errors import AssetError
 from coevo.gate import GatePolicy
 from coevo.validity import ValidityPolicy
 from coevo.rl.config import TrainConfig
 from coevo.rl.stage import StageConfig
+from coevo.store.runs import run_name_problem
 
 Mode = Literal["gated", "ungated", "weight-only", "harness-only"]
 
@@ -105,6 +106,14 @@ class RunConfig(_Block):
     budgets: Budgets = Field(default_factory=Budgets)
     final_test: bool = True  # evaluate the final incumbent on the test split once
 
+    @field_validator("name")
+    @classmethod
+    def _run_name(cls, v: str) -> str:
+        problem = run_name_problem(v)
+        if problem:
+            raise ValueError(problem)
+        return v
+
     @classmethod
     def load(cls, path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
              data: dict[str, Any] | None = None) -> "RunConfig":
@@ -116,6 +125,8 @@ class RunConfig(_Block):
                 text = Path(path).read_text(encoding="utf-8")
             except OSError as e:
                 raise AssetError(source, None, f"cannot read: {e.strerror or e}") from None
+            except UnicodeDecodeError as e:
+                raise AssetError(source, None, f"not UTF-8 text (byte {e.start})") from None
             try:
                 loaded = yaml.safe_load(text)
             except yaml.YAMLError as e:

@@ -97,15 +97,33 @@ class Parts:
     judge: Any = None
 
 
+def preflight(cfg: RunConfig, store: Any, resume: str | None) -> None:
+    """What can be checked before a model is loaded or a run created: the run's name is free
+    (or, resuming, the run exists) and checkpoints can be written where the config says."""
+    if resume is None:
+        try:
+            store.get_run(cfg.name)
+        except CoevoError:
+            pass
+        else:
+            raise CoevoError(f"a run named {cfg.name!r} already exists; continue it with "
+                             f"--resume {cfg.name} or choose another name")
+    else:
+        store.get_run(resume)
+    if MODES[cfg.mode].train and cfg.rl.stage.checkpoint_dir:
+        from coevo.rl.stage import check_checkpoint_dir
+
+        check_checkpoint_dir(cfg.rl.stage.checkpoint_dir)
+
+
 def build_parts(cfg: RunConfig) -> Parts:
     """Parts from the config: make_env, load_backend, a Trainer over the backend's model."""
     from coevo.envs.registry import make_env
-    from coevo.models.registry import load_backend
 
     env = make_env(cfg.env)
-    backend = load_backend(cfg.model.backend, **cfg.model.options)
     proposers = [make_proposer(p.name, **p.options) for p in cfg.proposers]
-    judge = load_backend(cfg.judge.backend, **cfg.judge.options) if cfg.judge else None
+    backend = _backend(cfg.model, "model")
+    judge = _backend(cfg.judge, "judge") if cfg.judge else None
     if not MODES[cfg.mode].train:
         return Parts(env=env, backend=backend, proposers=proposers, judge=judge)
     from coevo.rl.stage import live_policy
@@ -118,6 +136,16 @@ def build_parts(cfg: RunConfig) -> Parts:
     trainer = Trainer(model, cfg.rl.train, base_model=cfg.model.backend, tokenizer=tok)
     return Parts(env=env, backend=live_policy(trainer, tok), proposers=proposers,
                  trainer=trainer, tokenizer=tok, live_eval=True, judge=judge)
+
+
+def _backend(spec: Any, field: str) -> Any:
+    from coevo.models.registry import load_backend
+    from coevo.registry import BadOptions
+
+    try:
+        return load_backend(spec.backend, **spec.options)
+    except BadOptions as e:
+        raise CoevoError(f"{field}.options: {e}") from None
 
 
 class RunResult(BaseModel):
@@ -157,6 +185,7 @@ def run_coevolution(cfg: RunConfig, store: Any, parts: Parts | None = None, *,
                     progress: Callable[[str], None] | None = None) -> RunResult:
     """Run (or with `resume=RUN`, continue) the co-evolution loop of `cfg`; see the module
     docstring. Returns every round's summary, the final incumbent and the test evaluation."""
+    preflight(cfg, store, resume)
     parts = parts or build_parts(cfg)
     run, incumbent, start = open_run(cfg, store, parts, resume, progress or log.info)
     for r in range(start, cfg.rounds):
@@ -193,13 +222,6 @@ def open_run(cfg: RunConfig, store: Any, parts: Parts, resume: str | None,
     round to run starts from, and that round's index."""
     dump = cfg.model_dump(mode="json")
     if resume is None:
-        try:
-            store.get_run(cfg.name)
-        except CoevoError:
-            pass
-        else:
-            raise CoevoError(f"a run named {cfg.name!r} already exists; continue it with "
-                             f"--resume {cfg.name} or choose another name")
         seed = seed_incumbent(cfg, store)
         rec = store.create_run(cfg.name, config={"config": dump, "seed": seed.hashes()},
                                mode=cfg.mode, status="running")

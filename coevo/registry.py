@@ -8,6 +8,7 @@ bare KeyError.
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
@@ -50,6 +51,23 @@ class Registry(Generic[T]):
 
     def __contains__(self, name: str) -> bool:
         return name in self._items
+
+
+class BadOptions(CoevoError):
+    """Options a factory does not take (an unknown key, a missing or doubled argument)."""
+
+
+def call_with_options(fn: Callable[..., T], *args: Any, **options: Any) -> T:
+    """`fn(*args, **options)`, after checking the options against its signature, so a key it
+    does not take is a `BadOptions` naming the key (before any slow loading starts), never a
+    TypeError from deep inside."""
+    try:
+        inspect.signature(fn).bind(*args, **options)
+    except TypeError as e:
+        raise BadOptions(f"{e}; options given: {', '.join(sorted(options)) or '(none)'}") from None
+    except ValueError:  # no signature to check (a builtin): let the call decide
+        pass
+    return fn(*args, **options)
 
 
 def import_dotted(module_name: str, attr: str, what: str) -> Any:

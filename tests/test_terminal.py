@@ -12,6 +12,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 import coevo.cli
+import coevo.oneline
 from coevo.assets.harness import Harness
 from coevo.cli import app
 from coevo.store import Store
@@ -61,7 +62,7 @@ def assert_shown_not_obeyed(out: str, colour: bool = False) -> None:
 def wide_console(monkeypatch):
     """The CLI's consoles, wide enough that no cell wraps the strings looked for."""
     monkeypatch.setattr(coevo.cli, "console", Console(width=400))
-    monkeypatch.setattr(coevo.cli, "err", Console(width=400, stderr=True))
+    monkeypatch.setattr(coevo.oneline, "err", Console(width=400, stderr=True))
 
 
 @pytest.mark.parametrize("cmd", [["proposals", "show", "{pid}", "--prompt"],

@@ -13,7 +13,7 @@ import hashlib
 import json
 from typing import Annotated, Any, ClassVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict, StringConstraints
 
 # Fields that describe where a version came from rather than what it is.
 LINEAGE_FIELDS = frozenset({"parent"})
@@ -51,8 +51,21 @@ def normalize_text(value: str) -> str:
     return "\n".join(lines)
 
 
-# A str field holding free text, normalised as above.
-Text = Annotated[str, AfterValidator(normalize_text)]
+# The longest free text an asset field may hold unless the field sets its own, smaller limit
+# (system_prompt 20,000; a skill body 50,000): a prompt or skill past this is a mistake, and
+# every version is stored, hashed and sent to proposers whole.
+TEXT_MAX = 100_000
+
+
+def LimitedText(max_length: int, min_length: int = 0) -> Any:  # noqa: N802 (a type)
+    """A str field holding free text, normalised as above, of `min_length` to `max_length`
+    characters. (A `Field(max_length=...)` on an annotated type with a validator is silently
+    dropped by pydantic, so the limit lives in the type.)"""
+    return Annotated[str, StringConstraints(min_length=min_length, max_length=max_length),
+                     AfterValidator(normalize_text)]
+
+
+Text = LimitedText(TEXT_MAX)
 
 
 # kind -> class, filled by subclasses; the store rebuilds stored versions through it.

@@ -28,7 +28,7 @@ import jsonschema
 from pydantic import (BaseModel, ConfigDict, Field, JsonValue, field_validator, model_serializer,
                       model_validator)
 
-from coevo.assets.base import Asset, Text
+from coevo.assets.base import Asset, LimitedText, Text
 from coevo.assets.io import PATTERN_HINTS
 from coevo.linear_regex import compile_pattern
 from coevo.models.base import Sampling
@@ -164,9 +164,8 @@ class Workflow(_Model):
     # After a tool error (unknown tool, bad arguments, exception, timeout) add
     # `reflection_prompt` as a user message before the next policy turn.
     reflect_on_tool_error: bool = False
-    reflection_prompt: Text = Field(
-        "The tool call failed (see the error above). Fix the call and try again.", max_length=2000
-    )
+    reflection_prompt: LimitedText(2000) = (
+        "The tool call failed (see the error above). Fix the call and try again.")
     answer_extraction: AnswerExtraction = Field(default_factory=AnswerExtraction)
 
 
@@ -296,12 +295,12 @@ class Harness(Asset):
 
     name: str = Field(min_length=1, max_length=64, pattern=ASSET_NAME)
     description: Text = ""
-    system_prompt: Text = Field(max_length=20_000)
+    system_prompt: LimitedText(20_000)
     tools: list[ToolSpec] = Field(default_factory=list, max_length=32)
     tool_format: Literal["json", "python", "chat_template"] = "json"
     tool_doc_format: Literal["json", "python_signature"] = "json"
-    tool_doc_preamble: Text = Field("You can call these functions:", max_length=2000)
-    answer_format: Text = Field("", max_length=5000)
+    tool_doc_preamble: LimitedText(2000) = "You can call these functions:"
+    answer_format: LimitedText(5000) = ""
     workflow: Workflow = Field(default_factory=Workflow)
     demos: list[Demo] = Field(default_factory=list, max_length=16)
     skills: SkillActivation = Field(default_factory=SkillActivation)

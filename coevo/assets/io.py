@@ -190,9 +190,11 @@ def _unwrap(tp: Any) -> Any:
 def asset_error_from_validation(
     err: ValidationError, source: str, data: Any, cls: type[BaseModel] | None = None
 ) -> AssetError:
-    """The first error of a ValidationError as `AssetError(source, dotted.path, reason)`."""
+    """The first error of a ValidationError (an unknown key before the rest) as
+    `AssetError(source, dotted.path, reason)`."""
     errors = err.errors(include_url=False)
-    first = errors[0]
+    # An unknown key first: a misspelt key also reports the real one as missing
+    first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     parts = _field_path(tuple(first["loc"]), data, first["type"])
     reason = _clean_msg(first["msg"])
     if first["type"] == "extra_forbidden":

@@ -35,7 +35,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 
-from coevo.assets.base import Asset, Text
+from coevo.assets.base import Asset, LimitedText, Text
 from coevo.assets.harness import ASSET_NAME, check_json_schema
 from coevo.assets.io import PATTERN_HINTS
 from coevo.linear_regex import compile_pattern
@@ -96,7 +96,7 @@ class PythonParams(_Params):
 
 
 class LlmJudgeParams(_Params):
-    question: Text = Field(min_length=1, max_length=4000)
+    question: LimitedText(4000, min_length=1)
     scale: int = Field(5, ge=1, le=100)  # the judge answers 0..scale; the score is n / scale
 
 

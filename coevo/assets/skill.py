@@ -30,7 +30,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from coevo.assets.base import Asset, Text
+from coevo.assets.base import Asset, LimitedText, Text
 from coevo.assets.harness import ASSET_NAME
 from coevo.assets.io import PATTERN_HINTS, SKILL_FILE, parse_yaml, to_yaml, validate_asset
 from coevo.assets.rubric import CRITERION_ID  # what `targets` refer to
@@ -57,7 +57,7 @@ class Skill(Asset):
     metadata: dict[str, str] | None = None
     state: SkillState = "active"
     targets: list[str] = Field(default_factory=list)
-    body: Text = ""
+    body: LimitedText(50_000) = ""  # the SKILL.md text after the front matter
 
     @field_validator("description")
     @classmethod

@@ -48,6 +48,7 @@ from typing import Any
 import torch
 
 from coevo.errors import CoevoError
+from coevo.registry import BadOptions
 from coevo.models.base import Completion, Request, Sampling, error_completion
 from coevo.models.logits import Settings, filter_logits, token_logprobs
 
@@ -193,6 +194,10 @@ class HFBackend:
     ) -> "HFBackend":
         """Load a model folder (`save_pretrained` layout) and its tokenizer; `adapter` is a
         peft LoRA folder applied on top. device defaults to cuda when available."""
+        try:  # the rest of `opts` go to __init__: a key it does not take fails before loading
+            inspect.signature(cls).bind(None, None, **opts)
+        except TypeError as e:
+            raise BadOptions(f"{e}; options given: {', '.join(sorted(opts))}") from None
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         path = Path(path)

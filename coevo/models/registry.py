@@ -19,7 +19,7 @@ from typing import Any
 
 from coevo.errors import CoevoError
 from coevo.models.base import Backend
-from coevo.registry import Registry
+from coevo.registry import Registry, call_with_options
 
 BACKENDS: Registry[Callable[..., Backend]] = Registry("backend kind")
 
@@ -44,35 +44,35 @@ def _embedded(arg: str, **opts: Any) -> Backend:
 
     if arg:
         raise CoevoError(f"backend spec embedded: takes no argument, got {arg!r}")
-    return load_embedded(**opts)
+    return call_with_options(load_embedded, **opts)
 
 
 @BACKENDS.register("hf")
 def _hf(arg: str, **opts: Any) -> Backend:
     from coevo.models.hf import HFBackend
 
-    return HFBackend.from_pretrained(_needs_arg("hf", arg, "a path"), **opts)
+    return call_with_options(HFBackend.from_pretrained, _needs_arg("hf", arg, "a path"), **opts)
 
 
 @BACKENDS.register("openai")
 def _openai(arg: str, **opts: Any) -> Backend:
     from coevo.models.openai import OpenAIBackend
 
-    return OpenAIBackend(_needs_arg("openai", arg, "a base URL"), **opts)
+    return call_with_options(OpenAIBackend, _needs_arg("openai", arg, "a base URL"), **opts)
 
 
 @BACKENDS.register("llamacpp")
 def _llamacpp(arg: str, **opts: Any) -> Backend:
     from coevo.models.llamacpp import LlamaCppBackend
 
-    return LlamaCppBackend.load(_needs_arg("llamacpp", arg, "a GGUF path"), **opts)
+    return call_with_options(LlamaCppBackend.load, _needs_arg("llamacpp", arg, "a GGUF path"), **opts)
 
 
 @BACKENDS.register("vllm")
 def _vllm(arg: str, **opts: Any) -> Backend:
     from coevo.models.vllm import VLLMBackend
 
-    return VLLMBackend(_needs_arg("vllm", arg, "a path"), **opts)
+    return call_with_options(VLLMBackend, _needs_arg("vllm", arg, "a path"), **opts)
 
 
 def load_backend(spec: str, **opts: Any) -> Backend:

@@ -126,7 +126,7 @@ class Proposer(Protocol):
 PROPOSERS: Registry[Callable[..., Proposer]] = Registry("proposer")
 
 
-def make_proposer(name: str, **options: Any) -> Proposer:
+def make_proposer(name: str, /, **options: Any) -> Proposer:
     """Build a registered proposer; bad options are a CoevoError naming the proposer."""
     import coevo.propose  # noqa: F401  (registers the built-in proposers)
 

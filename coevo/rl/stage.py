@@ -36,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -91,6 +92,20 @@ def trajectory_id(run_id: str, round: int, step: int, task_id: str, sample: int)
     """Deterministic trajectory id: a redone step maps onto the rows it already stored."""
     key = f"{run_id}\x00{round}\x00{step}\x00{task_id}\x00{sample}"
     return hashlib.blake2b(key.encode(), digest_size=16).hexdigest()
+
+
+def check_checkpoint_dir(path: str | Path, field: str = "rl.stage.checkpoint_dir") -> None:
+    """Fail early, with a CoevoError naming `field`, when checkpoints cannot be written under
+    `path` (a file in the way, a folder that cannot be created or written): before a run is
+    created or a model loaded, not at the first checkpoint."""
+    path = Path(path).expanduser()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise CoevoError(f"{field}: cannot write checkpoints under {path}: "
+                         f"{e.strerror or e}") from None
 
 
 def coevo_home() -> Path:

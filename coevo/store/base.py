@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from coevo.errors import CoevoError, NotFound
 from coevo.store import tables as T
+from coevo.store.engine import db_failure
 
 
 def new_id() -> str:
@@ -55,6 +56,8 @@ class StoreBase:
                     self._local.session = None
         except sa.exc.IntegrityError as e:
             raise CoevoError(f"{self.url}: the store rejected the write: {e.orig}") from None
+        except sa.exc.OperationalError as e:  # read-only file, server gone, disk full
+            raise db_failure(self.url, e) from None
 
     # --- lookups shared by the parts -----------------------------------------------------
 

@@ -17,7 +17,9 @@ A read-only engine (`readonly=True`, what `coevo serve` opens) is the opposite: 
 from __future__ import annotations
 
 import os
+import sqlite3
 from pathlib import Path
+from urllib.parse import quote
 from typing import Any
 
 import pydantic_core
@@ -28,15 +30,60 @@ from coevo.errors import CoevoError
 DEFAULT_URL = "sqlite:///./coevo.db"
 
 
+# Query parameters a store URL may carry; anything else is a typo that would be ignored.
+SQLITE_QUERY = frozenset({"mode", "uri", "cache", "timeout", "immutable", "nolock"})
+POSTGRES_QUERY = frozenset({
+    "sslmode", "sslcert", "sslkey", "sslrootcert", "sslpassword", "sslcrl", "connect_timeout",
+    "application_name", "options", "target_session_attrs", "client_encoding", "keepalives",
+    "keepalives_idle", "keepalives_interval", "keepalives_count", "gssencmode", "passfile",
+    "service", "host", "port", "hostaddr", "channel_binding", "tcp_user_timeout",
+})
 def resolve_url(url: str | None = None) -> str:
     """The database URL: argument, else $COEVO_DB, else ./coevo.db. A plain path means SQLite;
-    `postgresql://` means PostgreSQL through psycopg 3 (the driver coevo depends on)."""
-    url = url or os.environ.get("COEVO_DB") or DEFAULT_URL
+    `postgresql://` means PostgreSQL through psycopg 3 (the driver coevo depends on). A URL
+    that would open something other than what it names (an empty one, an in-memory database,
+    an unknown kind or query parameter, a bad port) is a CoevoError naming it."""
+    where = "--db" if url is not None else "$COEVO_DB"
+    if url is None:
+        url = os.environ.get("COEVO_DB")
+        if url is None:
+            url = DEFAULT_URL
+            where = "default store"
+    if not url.strip():
+        raise CoevoError(f"{where}: empty; give a SQLite file path or a postgresql:// URL")
     if "://" not in url:
-        return f"sqlite:///{Path(url).expanduser().resolve()}"
+        if url == ":memory:":
+            raise CoevoError(f"{where} {url!r}: an in-memory store keeps nothing; give a file path")
+        # URL.create quotes what URL syntax would misread (`%`, `:`, `?`, `#` in a file name)
+        path = str(Path(url).expanduser().resolve())
+        return check_url(sa.URL.create("sqlite", database=path).render_as_string(False), where)
     for prefix in ("postgresql://", "postgres://"):
         if url.startswith(prefix):
-            return "postgresql+psycopg://" + url[len(prefix):]
+            url = "postgresql+psycopg://" + url[len(prefix):]
+    return check_url(url, where)
+
+
+def check_url(url: str, where: str = "--db") -> str:
+    """`url` when it names a SQLite file or a PostgreSQL database with known parameters."""
+    try:
+        u = sa.make_url(url)
+        u.port  # noqa: B018  (a non-numeric port fails here, not at connect time)
+    except sa.exc.ArgumentError as e:
+        raise CoevoError(f"{where}: database URL {_safe(url)}: cannot parse it ({e})") from None
+    except ValueError:  # sqlalchemy's int() of the port
+        raise CoevoError(f"{where}: database URL {_safe(url)}: the port is not a number") from None
+    kind = u.get_backend_name()
+    if kind not in ("sqlite", "postgresql"):
+        raise CoevoError(f"{where}: database URL {_safe(url)}: unsupported kind {kind!r}; coevo stores "
+                         "in SQLite (a file path) or PostgreSQL (postgresql://...)")
+    known = SQLITE_QUERY if kind == "sqlite" else POSTGRES_QUERY
+    unknown = sorted(set(u.query) - known)
+    if unknown:
+        raise CoevoError(f"{where}: database URL {_safe(url)}: unknown parameter {unknown[0]!r}; "
+                         f"known: {', '.join(sorted(known))}")
+    if kind == "sqlite" and (not u.database or u.database == ":memory:"):
+        raise CoevoError(f"{where}: database URL {_safe(url)}: an in-memory store keeps nothing; "
+                         "give a file path")
     return url
 
 
@@ -61,11 +108,50 @@ def make_engine(url: str, readonly: bool = False) -> sa.Engine:
                              "(coevo init or coevo quickstart creates one)")
         return _sqlite_settings(sa.create_engine(u, **json_args), "BEGIN",
                                 "query_only=ON", "busy_timeout=30000")
-    if u.database and u.database != ":memory:":
-        Path(u.database).parent.mkdir(parents=True, exist_ok=True)
+    _check_sqlite_path(u.database, url)
     # WAL + synchronous NORMAL: a power cut may lose the last commits, never corrupts.
     return _sqlite_settings(sa.create_engine(u, **json_args), "BEGIN IMMEDIATE", "foreign_keys=ON",
                             "journal_mode=WAL", "synchronous=NORMAL", "busy_timeout=30000")
+
+
+def _check_sqlite_path(database: str, url: str) -> None:
+    """Create the folder of a SQLite store; a folder, or a path that cannot be created, is a
+    CoevoError naming it (a `file:` URI is SQLite's own business)."""
+    if database.startswith("file:"):
+        return
+    path = Path(database)
+    if path.is_dir():
+        raise CoevoError(f"store {_safe(url)}: {path} is a folder, not a SQLite file")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CoevoError(f"store {_safe(url)}: cannot create the folder {path.parent}: "
+                         f"{e.strerror or e}") from None
+    if not path.exists() and not os.access(path.parent, os.W_OK):
+        raise CoevoError(f"store {_safe(url)}: cannot create {path}: the folder is not writable")
+    if path.is_file() and path.stat().st_size:
+        _check_sqlite_file(path, _safe(url))
+
+
+def _check_sqlite_file(path: Path, url: str) -> None:
+    """Read the tables of an existing file without writing to it (coevo's own connections would
+    switch it to WAL first): not a database, or another application's database, is refused."""
+    try:
+        con = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True)
+        try:
+            tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+        finally:
+            con.close()
+    except sqlite3.DatabaseError as e:
+        raise CoevoError(f"store {url}: cannot open {path}: {e}") from None
+    if tables and "alembic_version" not in tables:
+        raise not_coevo(url, tables)
+
+
+def not_coevo(url: str, tables: list[str]) -> CoevoError:
+    shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
+    return CoevoError(f"store {url}: not a coevo store: it holds other tables ({shown}) and no "
+                      "coevo schema; give a new file or an empty database")
 
 
 def _sqlite_settings(engine: sa.Engine, begin: str, *pragmas: str) -> sa.Engine:
@@ -87,6 +173,15 @@ def _sqlite_settings(engine: sa.Engine, begin: str, *pragmas: str) -> sa.Engine:
     return engine
 
 
+def db_failure(url: str, e: sa.exc.DBAPIError) -> CoevoError:
+    """A CoevoError for a database that cannot be reached or written: unreachable server,
+    read-only file, a file that is not a database."""
+    reason = str(getattr(e, "orig", e))
+    if "readonly" in reason or "read-only" in reason or "read only" in reason:
+        return CoevoError(f"store {url}: the store is read-only ({reason})")
+    return CoevoError(f"store {url}: {e.__class__.__name__}: {reason}")
+
+
 def _to_json(value: Any) -> str:
     return pydantic_core.to_json(value).decode()
 
@@ -95,5 +190,5 @@ def _safe(url: str) -> str:
     """The URL with any password masked, for error messages."""
     try:
         return sa.make_url(url).render_as_string(hide_password=True)
-    except sa.exc.ArgumentError:
+    except (sa.exc.ArgumentError, ValueError):
         return repr(url)

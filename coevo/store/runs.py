@@ -19,12 +19,35 @@ from coevo.store.records import (
 )
 
 
+def run_name_problem(name: str) -> str | None:
+    """Why `name` cannot name a run (None: it can). A run name appears in paths (checkpoint
+    folders) and on one line of output, so it has no path separators, is not `.` or `..`, and
+    has no control characters.
+
+    >>> run_name_problem("quickstart-1"), run_name_problem("../x")
+    (None, 'may not contain a path separator (/ or \\\\)')
+    """
+    if not name or len(name) > 200:
+        return "must be 1 to 200 characters"
+    if "/" in name or "\\" in name:
+        return "may not contain a path separator (/ or \\)"
+    if name in (".", ".."):
+        return "may not be '.' or '..'"
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        return "may not contain control characters (newlines, tabs, escapes)"
+    return None
+
+
 class RunStore(StoreBase):
     # --- runs and rounds ---------------------------------------------------------------------
 
     def create_run(self, name: str, config: dict[str, Any] | None = None, mode: str = "gated",
                    status: str = "created", id: str | None = None) -> RunRecord:
-        """Register a run. Names are unique (a resume finds the run by name)."""
+        """Register a run. Names are unique (a resume finds the run by name) and follow
+        `run_name_problem`'s rule."""
+        problem = run_name_problem(name)
+        if problem:
+            raise CoevoError(f"run name {name!r}: {problem}")
         with self.transaction() as s:
             if s.execute(sa.select(T.Run.id).where(T.Run.name == name)).first():
                 raise CoevoError(f"a run named {name!r} already exists")

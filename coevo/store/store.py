@@ -31,7 +31,7 @@ from alembic.util import CommandError
 
 from coevo.errors import CoevoError
 from coevo.store.assets import AssetStore
-from coevo.store.engine import make_engine, resolve_url
+from coevo.store.engine import db_failure, make_engine, not_coevo, resolve_url
 from coevo.store.episodes import EpisodeStore
 from coevo.store.proposals import ProposalStore
 from coevo.store.reviews import ReviewStore
@@ -54,9 +54,24 @@ class Store(AssetStore, RunStore, EpisodeStore, ProposalStore, ReviewStore):
     def open(cls, url: str | None = None, *, migrate: bool = True) -> "Store":
         """Open (and by default migrate to the newest schema) the database at `url`."""
         store = cls(make_engine(resolve_url(url)))
+        store.check_is_coevo()
         if migrate:
             store.upgrade()
         return store
+
+    def check_is_coevo(self) -> None:
+        """Refuse a database that holds tables but not coevo's schema (another application's
+        SQLite file, a shared PostgreSQL database): migrating would add coevo's tables to it.
+        A file that is not a database, or a server that cannot be reached, fails here too."""
+        try:
+            with self.engine.connect() as conn:
+                tables = sa.inspect(conn).get_table_names()
+        except sa.exc.DBAPIError as e:
+            self.engine.dispose()
+            raise db_failure(self.url, e) from None
+        if tables and "alembic_version" not in tables:
+            self.engine.dispose()
+            raise not_coevo(self.url, tables)
 
     def close(self) -> None:
         self.engine.dispose()
@@ -70,7 +85,9 @@ class Store(AssetStore, RunStore, EpisodeStore, ProposalStore, ReviewStore):
     def _alembic(self, connection: sa.Connection | None = None) -> Config:
         cfg = Config()
         cfg.set_main_option("script_location", str(MIGRATIONS))
-        cfg.set_main_option("sqlalchemy.url", self.engine.url.render_as_string(False))
+        # configparser reads `%` as interpolation: a `%` in a password must be doubled
+        cfg.set_main_option("sqlalchemy.url",
+                            self.engine.url.render_as_string(False).replace("%", "%%"))
         cfg.attributes["connection"] = connection
         return cfg
 
@@ -95,6 +112,8 @@ class Store(AssetStore, RunStore, EpisodeStore, ProposalStore, ReviewStore):
             raise CoevoError(
                 f"{self.url}: cannot migrate the schema to {revision!r}: {e} "
                 f"(this coevo's newest revision is {self.head_revision()})") from None
+        except sa.exc.OperationalError as e:
+            raise db_failure(self.url, e) from None
         except sa.exc.SQLAlchemyError as e:
             raise CoevoError(f"{self.url}: migration failed: {e.__class__.__name__}: "
                              f"{getattr(e, 'orig', e)}") from None

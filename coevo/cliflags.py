@@ -1,0 +1,49 @@
+"""Checks on command-line flag values, run by click while it parses (so a bad value fails before
+the store is opened): `--split holdout` or `--run ../x` is one line naming the flag."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import typer
+
+
+def choice(*names: str) -> Callable[[Optional[str]], Optional[str]]:
+    """A typer callback accepting only `names` (or no value)."""
+
+    def check(value: Optional[str]) -> Optional[str]:
+        if value is not None and value not in names:
+            raise typer.BadParameter(f"{value!r} is not one of {', '.join(names)}")
+        return value
+
+    return check
+
+
+def positive(value: Any) -> Any:
+    """A typer callback for a number that must be > 0 (a learning rate)."""
+    if value is not None and not value > 0:
+        raise typer.BadParameter(f"{value} is not > 0")
+    return value
+
+
+def run_name(value: Optional[str]) -> Optional[str]:
+    """A typer callback for a run name (the rule of coevo.store.runs.run_name_problem)."""
+    from coevo.store.runs import run_name_problem
+
+    if value is not None:
+        problem = run_name_problem(value)
+        if problem:
+            raise typer.BadParameter(f"{value!r} {problem}")
+    return value
+
+
+def proposal_status(value: Optional[str]) -> Optional[str]:
+    from coevo.store.records import PROPOSAL_STATUSES  # not at import: `coevo --help` stays fast
+
+    return choice(*PROPOSAL_STATUSES)(value)
+
+
+def not_empty(value: Optional[str]) -> Optional[str]:
+    if value is not None and not value.strip():
+        raise typer.BadParameter("is empty")
+    return value
