@@ -1,0 +1,56 @@
+"""Commands that bring a team's own material in and take coevo's out: a harness as an OpenAI
+request body (`harness import --openai`, `harness export --openai`) and production traces
+(`traces import`). Registered on coevo.cli's sub-apps; each command a few lines calling the
+library."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from coevo import cli
+from coevo.cli import DbOption, _cli, _short, _store, harness_app
+from coevo.terminal import escaped
+
+traces_app = typer.Typer(no_args_is_help=True, help="Imported production traces: import.")
+cli.app.add_typer(traces_app, name="traces")
+
+
+@harness_app.command("import")
+@_cli
+def harness_import(
+    openai: Path = typer.Option(..., "--openai", help="A chat-completions request body (JSON)."),
+    name: Optional[str] = typer.Option(None, "--name", help="Harness name (default: the file name's stem)."),
+    db: Optional[str] = DbOption,
+) -> None:
+    """Store a harness version read from an OpenAI chat-completions request body."""
+    from coevo.assets.openai_format import harness_from_request, read_request
+
+    imported = harness_from_request(read_request(openai), name or openai.stem, str(openai))
+    h = imported.harness
+    for line in imported.left_out:
+        cli.console.print(f"left out: {escaped(line)}", highlight=False)
+    known = h.hash in {r.hash for r in _store(db).list_assets("harness")}
+    _store(db).put_asset(h)
+    cli.console.print(f"harness {escaped(h.name)} {_short(h.hash)} ({'exists' if known else 'new'}): "
+                  f"{len(h.tools)} tools, {len(h.demos)} demos", highlight=False)
+
+
+def export_openai(ref: str, out: Path, db: Optional[str]) -> None:
+    """`coevo harness export REF --openai FILE`: the request body that deploys the version."""
+    from coevo.assets.openai_format import request_from_harness
+
+    h = _store(db).get_asset("harness", ref)
+    body, notes = request_from_harness(h, f"harness {h.name} {_short(h.hash)}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(body, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    for line in notes:
+        cli.console.print(f"not in the request (the deploying application's loop): {escaped(line)}",
+                      highlight=False)
+    cli.console.print(f"wrote {escaped(str(out))}", highlight=False)
+
+
+__all__ = ["export_openai", "harness_import", "traces_app"]
