@@ -53,4 +53,21 @@ def export_openai(ref: str, out: Path, db: Optional[str]) -> None:
     cli.console.print(f"wrote {escaped(str(out))}", highlight=False)
 
 
-__all__ = ["export_openai", "harness_import", "traces_app"]
+@traces_app.command("import")
+@_cli
+def traces_import(
+    file: Path = typer.Argument(..., help="OpenAI chat-format JSONL: messages, tools, outcome, feedback."),
+    env: str = typer.Option(..., "--env", help="The environment the traces belong to, e.g. jsonl:tasks.jsonl"),
+    db: Optional[str] = DbOption,
+) -> None:
+    """Store production traces as imported evidence for the proposers (never trained on,
+    never used for validation)."""
+    from coevo.envs.registry import make_env
+    from coevo.traces import import_traces
+
+    new, known = import_traces(_store(db), file, make_env(env).name)
+    cli.console.print(f"{new} traces imported for {escaped(env)} ({known} already stored)",
+                      highlight=False)
+
+
+__all__ = ["export_openai", "harness_import", "traces_app", "traces_import"]

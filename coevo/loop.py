@@ -55,6 +55,7 @@ from coevo.propose.base import (
     dedupe,
     make_proposer,
 )
+from coevo.traces import imported_traces
 
 log = logging.getLogger("coevo.loop")
 _RESUMABLE_CHANGES = {"rounds", "budgets"}  # config keys a resume may change
@@ -376,6 +377,7 @@ def propose_step(run: _Run, r: int, incumbent: Incumbent,
         return [(p.id, _stored_candidate(run.store, p), p.status) for p in stored]
     harnesses = {h: run.store.get_asset("harness", h) for h in {t.harness for t in trajs if t.harness}}
     ctx = ProposalContext(run=run.id, round=r, incumbent=incumbent, trajectories=trajs,
+                          imported=imported_traces(run.store, run.parts.env.name),
                           harnesses=harnesses, seed=run.cfg.seed + r)
     cands: list[Candidate] = []
     costs: list[dict[str, float]] = []

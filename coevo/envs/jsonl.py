@@ -28,18 +28,17 @@ from __future__ import annotations
 
 import functools
 import json
-from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
 from coevo.assets.base import canonical_json, sha256_hex
 from coevo.assets.harness import ToolSpec
-from coevo.assets.io import asset_error_from_validation
 from coevo.envs.answer_checks import ANSWER_RULES, CHECKS, resolve_check, run_check
 from coevo.envs.base import Response, Score, Task
 from coevo.envs.splits import SplitSpec, select, split_field
 from coevo.errors import AssetError, CoevoError
+from coevo.jsonlines import check_unique_ids, read_objects, validate_line
 from coevo.trajectory import ToolCall, ToolResult
 
 DEFAULT_VERIFIER = "exact"
@@ -133,43 +132,17 @@ def _resolve(name: str, options_json: str):
 def load_tasks(path: str, env: str, verifier: str = DEFAULT_VERIFIER,
                options: dict[str, Any] | None = None) -> list[Task]:
     """Every task of the file, validated line by line (AssetError `FILE:LINE: field: reason`)."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise AssetError(path, None, "no such task file") from None
-    except UnicodeDecodeError as e:
-        line = e.object[: e.start].count(b"\n") + 1
-        raise AssetError(f"{path}:{line}", None, "not UTF-8 text") from None
-    except OSError as e:
-        raise AssetError(path, None, f"cannot read: {e.strerror}") from None
-    tasks: list[Task] = []
-    first_line: dict[str, int] = {}
-    for number, raw in enumerate(text.splitlines(), 1):
-        if not raw.strip():
-            continue
-        task = _task(raw, f"{path}:{number}", env, verifier, options or {})
-        if task.id in first_line:
-            raise AssetError(f"{path}:{number}", "id", f"{task.id!r} is already the id of "
-                             f"line {first_line[task.id]}")
-        first_line[task.id] = number
-        task.metadata["line"] = number
-        tasks.append(task)
-    if not tasks:
-        raise AssetError(path, None, "no tasks (the file has no non-blank line)")
+    lines = read_objects(path, "task")
+    tasks = [_task(data, where, env, verifier, options or {}) for where, data in lines]
+    check_unique_ids([(where, t.id) for (where, _), t in zip(lines, tasks)])
+    for (where, _), t in zip(lines, tasks):
+        t.metadata["line"] = int(where.rsplit(":", 1)[-1])
     return tasks
 
 
-def _task(raw: str, where: str, env: str, verifier: str, options: dict[str, Any]) -> Task:
-    try:
-        data = json.loads(raw)
-    except json.JSONDecodeError as e:
-        raise AssetError(where, None, f"invalid JSON at column {e.colno}: {e.msg}") from None
-    if not isinstance(data, dict):
-        raise AssetError(where, None, f"expected a JSON object, got {type(data).__name__}")
-    try:
-        line = TaskLine.model_validate(data)
-    except ValidationError as e:
-        raise asset_error_from_validation(e, where, data, TaskLine) from None
+def _task(data: dict[str, Any], where: str, env: str, verifier: str,
+          options: dict[str, Any]) -> Task:
+    line = validate_line(TaskLine, data, where)
     ref = line.verifier
     name, opts = (ref.name, ref.options) if ref is not None else (verifier, options)
     field = "verifier" if ref is not None else None
