@@ -140,3 +140,11 @@ def test_declared_tools_are_allowed_only_where_calls_are_scored_not_run():
     assert harness_tools(h, scored_only=True) == {}
     with pytest.raises(CoevoError, match="unknown harness tool 'search_flights'"):
         harness_tools(h)  # a multi-turn environment would have to run it
+
+
+def test_answer_check_doctests():
+    import doctest
+
+    from coevo.envs import answer_checks
+
+    assert doctest.testmod(answer_checks).failed == 0
