@@ -16,7 +16,9 @@ from coevo.cli import DbOption, _cli, _short, _store, harness_app
 from coevo.terminal import escaped
 
 traces_app = typer.Typer(no_args_is_help=True, help="Imported production traces: import.")
+splits_app = typer.Typer(no_args_is_help=True, help="Frozen validation splits: freeze, check.")
 cli.app.add_typer(traces_app, name="traces")
+cli.app.add_typer(splits_app, name="splits")
 
 
 @harness_app.command("import")
@@ -70,4 +72,34 @@ def traces_import(
                       highlight=False)
 
 
-__all__ = ["export_openai", "harness_import", "traces_app", "traces_import"]
+@splits_app.command("freeze")
+@_cli
+def splits_freeze(
+    env: str = typer.Argument(..., help="Environment spec, e.g. jsonl:tasks.jsonl or bfcl:simple_python"),
+    out: Path = typer.Option(..., "--out", help="File to write, e.g. validation/NAME.yaml"),
+    n: Optional[int] = typer.Option(None, "--n", help="At most this many tasks per split (default: all)."),
+    splits: str = typer.Option("val,test", "--splits", help="Comma-separated splits to freeze."),
+) -> None:
+    """Write the task ids and content hash of an environment's val and test splits; a run
+    config naming the file (splits.frozen) refuses to run when they change."""
+    from coevo.envs.registry import make_env
+    from coevo.frozen_splits import describe, freeze, write_frozen
+
+    frozen = freeze(make_env(env), env, n, tuple(s.strip() for s in splits.split(",") if s.strip()))
+    path = write_frozen(frozen, out)
+    cli.console.print(f"wrote {escaped(str(path))}: {escaped(str(describe(frozen)))}", highlight=False)
+
+
+@splits_app.command("check")
+@_cli
+def splits_check(file: Path = typer.Argument(..., help="A frozen split file (validation/NAME.yaml).")) -> None:
+    """Exit 1, naming the split, when the environment no longer serves the frozen tasks."""
+    from coevo.envs.registry import make_env
+    from coevo.frozen_splits import check_frozen, describe, read_frozen
+
+    frozen = read_frozen(file)
+    check_frozen(file, make_env(frozen.spec))
+    cli.console.print(f"{escaped(str(file))}: unchanged {escaped(str(describe(frozen)))}", highlight=False)
+
+
+__all__ = ["export_openai", "harness_import", "splits_check", "splits_freeze", "traces_app", "traces_import"]

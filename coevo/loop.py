@@ -43,6 +43,7 @@ from coevo.assets.base import diff as asset_diff
 from coevo.config import RunConfig
 from coevo.errors import CoevoError
 from coevo.evaluate import EvalResult, evaluate
+from coevo.frozen_splits import check_frozen
 from coevo.gatestep import gate_step
 from coevo.killpoints import KILL_ENV, kill_point  # noqa: F401  (KILL_ENV: for the tests)
 from coevo.ledger import eval_charge, over_budget
@@ -186,6 +187,8 @@ def open_run(cfg: RunConfig, store: Any, parts: Parts, resume: str | None,
     """Create the run (or find it for resume); return the state, the incumbent the first
     round to run starts from, and that round's index."""
     dump = cfg.model_dump(mode="json")
+    if cfg.splits.frozen:  # before anything is stored: a changed benchmark is not the same val set
+        check_frozen(cfg.splits.frozen, parts.env, {"val": cfg.splits.val_n, "test": cfg.splits.test_n})
     if resume is None:
         try:
             store.get_run(cfg.name)
