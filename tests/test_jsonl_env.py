@@ -148,3 +148,42 @@ def test_answer_check_doctests():
     from coevo.envs import answer_checks
 
     assert doctest.testmod(answer_checks).failed == 0
+
+
+def test_a_run_on_a_task_file_with_an_imported_harness(tmp_path):
+    """The README flow through the loop: an imported OpenAI harness, a task file, a proposal
+    that helps, the gate on the file's val tasks, the test split at the end."""
+    import tiny_glue
+    from coevo.assets.openai_format import harness_from_request, read_request
+    from coevo.loop import Parts, run_coevolution
+    from coevo.propose import make_proposer
+    from test_loop import HINT, ScriptedPolicy, config
+
+    class Policy(ScriptedPolicy):
+        def _reply(self, request, index):
+            prompt = self.tokenizer.decode(request.prompt_ids)
+            return "Yes." if HINT in prompt else "no"
+
+    lines = [{"id": f"t{i}", "prompt": f"Is {i} a number?", "answer": "yes",
+              "verifier": "normalized"} for i in range(40)]
+    spec = f'jsonl:{write(tmp_path / "t.jsonl", lines)}?split={{"fractions":{{"train":0.2,"val":0.5,"test":0.3}}}}'
+    store = Store.open(f"sqlite:///{tmp_path / 'run.db'}")
+    h = harness_from_request(read_request(REPO / "training" / "data" / "support_request.json"),
+                             "support", "support_request.json").harness
+    store.put_asset(h)
+    helps = {"kind": "harness", "changes": {"system_prompt": f"{h.system_prompt}\n{HINT}"},
+             "rationale": "hint"}
+    cfg = config(tmp_path, "harness-only", (helps,), env=spec, assets={"harness": "support"},
+                 splits={"val_n": 20, "test_n": 12, "train_n": 4})
+    tok = tiny_glue.tiny_tokenizer()
+    policy = Policy(tok)
+    parts = Parts(env=make_env(spec), backend=policy, tokenizer=tok, rl_backend=policy, trainer=None,
+                  proposers=[make_proposer(p.name, **p.options) for p in cfg.proposers])
+    res = run_coevolution(cfg, store, parts)
+    [prop] = store.proposals(res.run)
+    assert prop.status == "accepted", store.decisions(prop.id)[-1].reason
+    evidence = store.decisions(prop.id)[-1].evidence
+    assert evidence and {e.task_id for e in evidence} <= {t.id for t in make_env(spec).tasks("val")}
+    assert {(e.incumbent, e.candidate) for e in evidence} == {(0.0, 1.0)}
+    assert res.final.mean == 1.0 and res.final.n_tasks == 12
+    assert HINT in store.get_asset("harness", res.incumbent["harness"]).system_prompt
