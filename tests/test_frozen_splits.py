@@ -71,6 +71,8 @@ def test_the_loop_refuses_to_start_on_a_changed_val_set(tmp_path):
     with pytest.raises(CoevoError, match="splits.val: the content of the val tasks changed"):
         run_coevolution(cfg, store, parts)
     assert store.runs() == []  # refused before the run was created
+    with pytest.raises(CoevoError, match="splits.val: the content"):  # a resume is checked too
+        run_coevolution(cfg, store, parts, resume=cfg.name)
     with pytest.raises(CoevoError, match="the run takes 13 val tasks, only 12 are frozen"):
         check_frozen(path, tiny_glue.FirstCharEnv(size=14), {"val": 13})
 

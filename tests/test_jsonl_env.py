@@ -126,7 +126,7 @@ def test_splits_are_hashed_from_ids_not_line_order(tmp_path):
 def test_the_shipped_example_loads():
     env = make_env(f"jsonl:{REPO / 'training' / 'data' / 'support_tasks.jsonl'}")
     tasks = env.all_tasks()
-    assert len(tasks) == 12 and {t.family for t in tasks} == {"tools", "policy", "smalltalk"}
+    assert len(tasks) == 60 and {t.family for t in tasks} == {"tools", "policy", "smalltalk"}
     assert {t.metadata["verifier"]["name"] for t in tasks} == {
         "tool_calls", "numeric", "normalized", "exact", "regex"}
 
