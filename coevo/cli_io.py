@@ -35,8 +35,9 @@ def harness_import(
     h = imported.harness
     for line in imported.left_out:
         cli.console.print(f"left out: {escaped(line)}", highlight=False)
-    known = h.hash in {r.hash for r in _store(db).list_assets("harness")}
-    _store(db).put_asset(h)
+    store = _store(db)
+    known = h.hash in {r.hash for r in store.list_assets("harness")}
+    store.put_asset(h)
     cli.console.print(f"harness {escaped(h.name)} {_short(h.hash)} ({'exists' if known else 'new'}): "
                   f"{len(h.tools)} tools, {len(h.demos)} demos", highlight=False)
 
