@@ -133,3 +133,20 @@ def test_the_loop_gives_imported_traces_to_proposers_only(tmp_path):
                 for e in d.evidence}
     assert evidence and not evidence & ids
     assert res.final is not None and res.final.mean == 1.0
+
+
+def test_llm_proposers_read_imported_traces_in_their_digest(tmp_path):
+    from pathlib import Path
+
+    from coevo.propose import make_proposer
+    from test_propose_harness import tool_context
+
+    cassettes = Path(__file__).resolve().parent / "cassettes"
+    ctx = tool_context()
+    with_imported = ctx.model_copy(update={"imported": read_traces(write(tmp_path / "p.jsonl", TRACES), "e")})
+    for name, tape in (("harness", "harness_tools.jsonl"), ("rubrics", "rubrics_fix.jsonl")):
+        p = make_proposer(name, cassette=str(cassettes / tape), mode="replay")
+        before, after = p.inputs(ctx)["round_digest"], p.inputs(with_imported)["round_digest"]
+        assert "IMPORTED" not in before
+        assert "IMPORTED TRACES" in after and "[feedback] cancelled the wrong booking" in after
+        assert after.startswith(before.split("<<<TRAJECTORY 1")[0])  # same statistics first
