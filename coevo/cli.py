@@ -179,11 +179,16 @@ def harness_diff(a: str, b: str, db: Optional[str] = DbOption) -> None:
 def harness_export(
     ref: str,
     out: Optional[Path] = typer.Option(None, "--out", help="File to write (default: stdout)."),
+    openai: Optional[Path] = typer.Option(None, "--openai", help="Write an OpenAI chat-completions request body (JSON) instead."),
     db: Optional[str] = DbOption,
 ) -> None:
-    """Write a harness version back to an editable YAML file."""
+    """Write a harness version back to an editable YAML file (or an OpenAI request body)."""
     from coevo.assets import dump_asset, format_asset
 
+    if openai is not None:
+        from coevo.cli_io import export_openai
+
+        return export_openai(ref, openai, db)
     asset = _store(db).get_asset("harness", ref)
     if out is None:  # verbatim into a pipe or file; a terminal gets control characters escaped
         text = format_asset(asset)
@@ -589,6 +594,8 @@ def quickstart(
     out = write_report(store, name, Path(f"{name}.html"))
     console.print(f"report: {out}")
 
+
+import coevo.cli_io  # noqa: E402,F401  (registers the import/export commands)
 
 if __name__ == "__main__":  # pragma: no cover
     app()

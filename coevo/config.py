@@ -72,6 +72,9 @@ class Splits(_Block):
     # Score the incumbent on the whole val split at the start and after every round (the
     # val curve; not used by any decision, charged as eval_rollouts).
     track_val: bool = True
+    # A frozen split file (`coevo splits freeze`, validation/NAME.yaml): the run refuses to
+    # start when the environment's val / test tasks differ from it (coevo/frozen_splits.py).
+    frozen: str | None = None
 
 
 class Budgets(_Block):

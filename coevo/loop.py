@@ -46,6 +46,7 @@ from coevo.assets.base import diff as asset_diff
 from coevo.config import RunConfig
 from coevo.errors import CoevoError
 from coevo.evaluate import EvalResult, evaluate
+from coevo.frozen_splits import check_frozen
 from coevo.gatestep import gate_step
 from coevo.killpoints import KILL_ENV, kill_point  # noqa: F401  (KILL_ENV: for the tests)
 from coevo.ledger import eval_charge, over_budget
@@ -60,6 +61,7 @@ from coevo.propose.base import (
     stored_candidate,
 )
 from coevo.reviewstep import review_step
+from coevo.traces import imported_traces
 
 log = logging.getLogger("coevo.loop")
 _RESUMABLE_CHANGES = {"rounds", "budgets"}  # config keys a resume may change
@@ -221,6 +223,8 @@ def open_run(cfg: RunConfig, store: Any, parts: Parts, resume: str | None,
     """Create the run (or find it for resume); return the state, the incumbent the first
     round to run starts from, and that round's index."""
     dump = cfg.model_dump(mode="json")
+    if cfg.splits.frozen:  # before anything is stored: a changed benchmark is not the same val set
+        check_frozen(cfg.splits.frozen, parts.env, {"val": cfg.splits.val_n, "test": cfg.splits.test_n})
     if resume is None:
         seed = seed_incumbent(cfg, store)
         rec = store.create_run(cfg.name, config={"config": dump, "seed": seed.hashes()},
@@ -418,6 +422,7 @@ def propose_step(run: _Run, r: int, incumbent: Incumbent,
         return []
     harnesses = {h: run.store.get_asset("harness", h) for h in {t.harness for t in trajs if t.harness}}
     ctx = ProposalContext(run=run.id, round=r, incumbent=incumbent, trajectories=trajs,
+                          imported=imported_traces(run.store, run.parts.env.name),
                           harnesses=harnesses, seed=run.cfg.seed + r)
     cands: list[Candidate] = []
     costs: list[dict[str, float]] = []

@@ -26,7 +26,7 @@ from typing import Any
 from coevo.agent.context import ContextError, TokenSequence
 from coevo.agent.graph import EpisodeContext, run_graph
 from coevo.agent.skills import select_skills, skill_query
-from coevo.agent.tools import Tool, resolve_tools
+from coevo.agent.tools import TOOLS, Tool, resolve_tools
 from coevo.assets.harness import Harness
 from coevo.envs.base import Environment, Task
 from coevo.errors import CoevoError, InfraError
@@ -72,11 +72,15 @@ def build_messages(harness: Harness, task: Task, active_skills: list[Any]) -> li
     return messages
 
 
-def harness_tools(harness: Harness) -> dict[str, Tool]:
-    """The implementations of the harness's own tools (agent/tools.py registry)."""
+def harness_tools(harness: Harness, scored_only: bool = False) -> dict[str, Tool]:
+    """The implementations of the harness's own tools (agent/tools.py registry). With
+    `scored_only` (a single-turn environment: calls are scored, never executed) a tool coevo
+    does not implement is allowed: it is a declared function of the deploying application
+    (an imported OpenAI harness), shown to the model and checked by the verifier."""
+    specs = [t for t in harness.tools if not scored_only or t.function.name in TOOLS]
     try:
-        return resolve_tools([t.function.name for t in harness.tools],
-                             {t.function.name: t.sandbox for t in harness.tools})
+        return resolve_tools([t.function.name for t in specs],
+                             {t.function.name: t.sandbox for t in specs})
     except CoevoError as exc:  # an unknown tool, a sandbox setting on a tool without code
         raise CoevoError(f"harness {harness.name!r}: tools: {exc}") from None
 
@@ -107,7 +111,7 @@ async def run_episode(env: Environment, task: Task, harness: Harness, *, generat
     fields (group, sample index, asset hashes), which `run_episodes` fills in."""
     t0 = time.perf_counter()
     wf = harness.workflow
-    own_tools = harness_tools(harness)
+    own_tools = harness_tools(harness, scored_only=env.single_turn)
     active = select_skills(list(skills), skill_query(task.messages, task.tools),
                            top_k=harness.skills.top_k, method=harness.skills.method)
     messages = build_messages(harness, task, active)

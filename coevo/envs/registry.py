@@ -4,7 +4,8 @@ A spec is `<kind>:<argument>[?key=value&...]`:
 
 - `bfcl:<category>` single-turn BFCL, `bfcl-multi:<category>` multi-turn BFCL,
   `rg:<dataset>` a reasoning-gym dataset (query keys and unknown options are the dataset's
-  kwargs: `rg:basic_arithmetic?min_terms=2&max_terms=3`);
+  kwargs: `rg:basic_arithmetic?min_terms=2&max_terms=3`), `jsonl:<path>` a task file
+  (`jsonl:tasks.jsonl?verifier=numeric&tolerance=0.01`, coevo/envs/jsonl.py);
 - `pkg.module:ClassOrFactory` a plugin: imported and called with the options; the result
   must satisfy `coevo.envs.base.Environment`.
 
@@ -59,9 +60,16 @@ def _rg(dataset: str, **opts: Any) -> Environment:
     return ReasoningGymEnv(dataset, dataset_kwargs=kwargs, **env_opts)
 
 
+def _jsonl(path: str, **opts: Any) -> Environment:
+    from coevo.envs.jsonl import JsonlEnv
+
+    return JsonlEnv(path, **opts)
+
+
 ENV_KINDS.add("bfcl", _bfcl)
 ENV_KINDS.add("bfcl-multi", _bfcl_multi)
 ENV_KINDS.add("rg", _rg)
+ENV_KINDS.add("jsonl", _jsonl)
 
 
 def _query(text: str) -> dict[str, Any]:

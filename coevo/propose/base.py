@@ -100,13 +100,16 @@ class Candidate(BaseModel):
 class ProposalContext(BaseModel):
     """What a proposer sees. `trajectories` are the round's (train) trajectories;
     `harnesses` maps the harness hashes they name to the versions, so a proposer can strip
-    what the harness put into a transcript (system message, demos)."""
+    what the harness put into a transcript (system message, demos). `imported` are a team's
+    own production traces of the run's environment (coevo/traces.py): extra evidence, from
+    another harness and model, never scored by coevo."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
     run: str
     round: int
     incumbent: Incumbent
     trajectories: list[Trajectory] = Field(default_factory=list)
+    imported: list[Trajectory] = Field(default_factory=list)
     harnesses: dict[str, Harness] = Field(default_factory=dict)
     seed: int = 0
 

@@ -271,7 +271,8 @@ class HarnessProposer:
     def inputs(self, ctx: ProposalContext) -> dict[str, Any] | None:
         """The program's inputs for this round (None: no scored episode to learn from)."""
         d = digest(ctx.trajectories, ctx.harnesses, n_fail=self.n_fail, n_success=self.n_success,
-                   max_chars=self.transcript_chars, seed=ctx.seed)
+                   max_chars=self.transcript_chars, seed=ctx.seed,
+                   imported=ctx.imported)
         if d.n == 0:
             return None
         h = ctx.incumbent.harness

@@ -95,6 +95,8 @@ def to_sample(traj: Trajectory, advantage: float, need_logprobs: bool = True,
     """Validate one trajectory for training and convert it to tensors; `processed` keeps how
     its tokens were sampled (GRPO), False scores them raw (SFT)."""
     tid = traj.id
+    if traj.split == "imported":  # coevo.traces.IMPORTED: evidence for proposers only
+        raise TrajectoryError(tid, "split", "is 'imported': an imported trace is never trained on")
     if not traj.trainable:
         raise TrajectoryError(tid, "trainable", "is False (the backend returned no token ids "
                               "or log-probs); train only on trajectories from a trainable backend")

@@ -7,7 +7,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from coevo.errors import NotFound
+from coevo.errors import CoevoError, NotFound
 from coevo.store import tables as T
 from coevo.store.base import StoreBase, new_id
 from coevo.store.records import (
@@ -30,6 +30,10 @@ class EpisodeStore(StoreBase):
         The asset versions and checkpoints they name must already be stored."""
         if not trajs:
             return []
+        imported = [t for t in trajs if t.split == "imported"]  # coevo.traces.IMPORTED
+        if imported and (run is not None or evaluation is not None or any(t.trainable for t in imported)):
+            raise CoevoError(f"trajectory {imported[0].id}: an imported trace belongs to no run "
+                             "or evaluation and is never trainable")
         with self.transaction() as s:
             run_id, round = self._run_round(s, run, round)
             if evaluation is not None and s.get(T.Evaluation, evaluation) is None:
@@ -58,7 +62,7 @@ class EpisodeStore(StoreBase):
     def trajectories(self, run: str | None = None, round: int | None = None,
                      harness: str | None = None, split: str | None = None,
                      evaluation: str | None = None, ids: Iterable[str] | None = None,
-                     limit: int | None = None) -> list[Trajectory]:
+                     limit: int | None = None, env: str | None = None) -> list[Trajectory]:
         """Stored trajectories matching every given filter, in insertion order, decoded
         (token ids, mask and logprobs exactly as stored). `harness` is a full hash."""
         tt = T.Trajectory.__table__
@@ -67,7 +71,8 @@ class EpisodeStore(StoreBase):
             if run is not None:
                 q = q.where(tt.c.run_id == self._run(s, run).id)
             for col, value in ((tt.c.round, round), (tt.c.harness_hash, harness),
-                               (tt.c.split, split), (tt.c.evaluation_id, evaluation)):
+                               (tt.c.split, split), (tt.c.evaluation_id, evaluation),
+                               (tt.c.env, env)):
                 if value is not None:
                     q = q.where(col == value)
             if ids is not None:
