@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo,
+                      field_validator, model_validator)
 
 from coevo.errors import AssetError
+from coevo.registry import UnknownName
+from coevo.rl.estimators import ESTIMATORS, estimator_options
 
 
 class LoraSettings(BaseModel):
@@ -45,6 +48,9 @@ class TrainConfig(BaseModel):
     clip_eps_high: float = Field(0.28, ge=0.0)  # DAPO "clip-higher"; set 0.2 for symmetric PPO
     kl_coef: float = Field(0.0, ge=0.0)  # > 0 adds k3 KL to the base (adapter disabled)
     agg: Literal["token", "sequence"] = "token"
+    # Credit assignment (coevo/rl/estimators/): grpo | gigpo | progress, with its options.
+    estimator: str = "grpo"
+    estimator_options: dict[str, Any] = Field(default_factory=dict)
 
     # Schedule
     num_updates_per_batch: int = Field(1, ge=1)  # > 1: old log-probs recomputed before update 1
@@ -54,6 +60,22 @@ class TrainConfig(BaseModel):
     max_tokens_per_microbatch: int = Field(8192, ge=1)  # gradient accumulation unit
     shared_prompt: bool = True  # run a group's common prompt once per micro-batch
     warmup_steps: int = Field(0, ge=0)  # supervised steps on successful trajectories first
+
+    @field_validator("estimator")
+    @classmethod
+    def _known_estimator(cls, v: str) -> str:
+        try:
+            ESTIMATORS.get(v)
+        except UnknownName as exc:
+            raise ValueError(str(exc)) from None
+        return v
+
+    @field_validator("estimator_options")
+    @classmethod
+    def _estimator_options(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        if "estimator" in info.data:  # else the name itself was rejected above
+            estimator_options(info.data["estimator"], v)
+        return v
 
     @model_validator(mode="after")
     def _kl_needs_adapter(self) -> "TrainConfig":

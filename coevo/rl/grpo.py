@@ -92,7 +92,7 @@ def policy_loss(
     new_logp: torch.Tensor,  # [B, W] log pi(token) under the current policy (with grad)
     old_logp: torch.Tensor,  # [B, W] log pi_old(token): sampling or recomputed, no grad
     ref_logp: torch.Tensor | None,  # [B, W] log pi_ref(token), or None (no KL term)
-    advantages: torch.Tensor,  # [B] one advantage per sequence
+    advantages: torch.Tensor,  # [B] one per sequence, or [B, W] one per token
     mask: torch.Tensor,  # [B, W] 1 on policy-sampled tokens, 0 elsewhere (incl. padding)
     clip_eps_low: float = 0.2,
     clip_eps_high: float = 0.2,
@@ -116,7 +116,8 @@ def policy_loss(
     # garbage value there (e.g. -inf at padding) cannot turn into NaN.
     log_ratio = torch.where(live, new_logp - old_logp, torch.zeros_like(new_logp))
     ratio = torch.exp(log_ratio)  # [B, W]
-    adv = advantages.to(new_logp.dtype)[:, None]  # [B, 1]
+    adv = advantages.to(new_logp.dtype)
+    adv = adv[:, None] if adv.dim() == 1 else adv  # [B, 1] or [B, W]
     surr = ratio * adv
     surr_clipped = ratio.clamp(1.0 - clip_eps_low, 1.0 + clip_eps_high) * adv
     per_token = -torch.minimum(surr, surr_clipped)  # [B, W]
