@@ -5,12 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
+from coevo.assets.rubric import Rubric
+from coevo.envs.base import Score, Task
 from coevo.errors import AssetError, CoevoError
 from coevo.rl.batch import make_microbatch, plan_grpo
 from coevo.rl.config import TrainConfig
-from coevo.rl.estimators import Credit, make_estimator, token_advantages
+from coevo.rl.estimators import Credit, EstimatorContext, make_estimator, token_advantages
+from coevo.rl.estimators.progress import progress_curves
 from coevo.rl.grpo import policy_loss
-from coevo.trajectory import Trajectory, Turn
+from coevo.trajectory import ToolCall, ToolResult, Trajectory, Turn
 
 PROMPT = [1, 2, 3]
 
@@ -135,3 +138,85 @@ def test_config_names_the_estimator_field():
         TrainConfig.from_mapping({"estimator": "gigpo", "estimator_options": {"gama": 0.5}},
                                  "train.yaml")
 
+
+# -- progress ---------------------------------------------------------------------------------
+class CounterEnv:
+    """Multi-turn: each executed `inc` call adds 1; success = two incs and an answer "done".
+    Details: half = 1 once one inc happened."""
+
+    name, single_turn = "counter", False
+    TASK = Task(id="t", env="counter", messages=[{"role": "user", "content": "count to 2"}],
+                tools=[{"name": "inc", "parameters": {"type": "object", "properties": {}}}])
+
+    def tasks(self, split, n=None):
+        return [self.TASK]
+
+    def start(self, task):
+        return {"n": 0}
+
+    def step(self, state, calls):
+        state["n"] += len(calls)
+        return [ToolResult(name=c.name, content=str(state["n"])) for c in calls]
+
+    def score(self, task, state, response):
+        ok = state["n"] >= 2 and "done" in response.text
+        return Score(outcome=float(ok), success=ok, details={"half": float(state["n"] >= 1)})
+
+
+RUBRIC = Rubric.model_validate({"name": "counting", "criteria": [
+    {"id": "solved", "kind": "outcome", "weight": 1.0},
+    {"id": "half", "kind": "outcome", "weight": 2.0, "params": {"detail": "half"}},
+    {"id": "says-done", "kind": "regex", "weight": 1.0,
+     "params": {"pattern": "done", "target": "text"}},
+    # not verifier-backed: left out (it would raise without a judge if it were scored)
+    {"id": "polite", "kind": "llm_judge", "weight": 5.0, "params": {"question": "Polite?"}}]})
+
+
+def counter_episode(tid: str, texts: list[str], reward: float) -> Trajectory:
+    ids, mask, turns = [1, 2, 3], [0, 0, 0], []
+    for k, text in enumerate(texts):
+        inc = text == "inc"
+        turns.append(Turn(index=k, start=len(ids), end=len(ids) + 1, text=text,
+                          tool_calls=[ToolCall(name="inc")] if inc else [],
+                          tool_results=[ToolResult(name="inc", content="")] if inc else []))
+        ids, mask = ids + [10 + k, 50], mask + [1, 0]
+    return Trajectory(id=tid, env="counter", task_id="t", group_id="g", token_ids=ids,
+                      loss_mask=mask, logprobs=[-1.0 * m for m in mask], prompt_len=3,
+                      turns=turns, answer=texts[-1], reward=reward, outcome=reward)
+
+
+def test_progress_credits_each_turn_with_the_change_in_checks_passed():
+    # Checks (weights): solved 1, half 2, says-done 1; total 4.
+    # win (inc, inc, done): P = [0, 2/4, 2/4, 4/4] -> D = [0.5, 0, 0.5]
+    # lose (inc, done), n = 1: P = [0, 2/4, 3/4] -> D = [0.5, 0.25]
+    # episode (scale none): rewards [1, 0] -> [0.5, -0.5]
+    trajs = [counter_episode("win", ["inc", "inc", "done"], 1.0),
+             counter_episode("lose", ["inc", "done"], 0.0)]
+    est = make_estimator("progress", scale="none", eps=0.0,
+                         context=EstimatorContext(env=CounterEnv(), rubric=RUBRIC))
+    win, lose = est.credit({"g": trajs})["g"]
+    assert win.turns == pytest.approx((1.0, 0.5, 1.0))
+    assert lose.turns == pytest.approx((0.0, -0.25))
+    assert progress_curves(trajs, CounterEnv(), RUBRIC) == [
+        pytest.approx([0, 0.5, 0.5, 1.0]), pytest.approx([0, 0.5, 0.75])]
+
+
+def test_progress_without_rubric_uses_the_verifier_outcome_and_finds_signal_in_failed_groups():
+    # Both fail: no episode signal. Outcome-only progress is 0 at every state: still none.
+    a = counter_episode("a", ["inc", "done"], 0.0)
+    b = counter_episode("b", ["done"], 0.0)
+    ctx = EstimatorContext(env=CounterEnv(), rubric=None)
+    plan = plan_grpo([a, b], estimator=make_estimator("progress", context=ctx))
+    assert plan.groups == []
+    # With the rubric, a's first turn made verified progress (half): D = [0.5, 0.25] for a,
+    # [0.25] for b (says-done); episode advantages 0; weight 2.
+    ctx = EstimatorContext(env=CounterEnv(), rubric=RUBRIC)
+    plan = plan_grpo([a, b], estimator=make_estimator("progress", {"weight": 2.0}, context=ctx))
+    sa, sb = plan.samples
+    assert sa.token_adv.tolist() == pytest.approx([0, 0, 0, 1.0, 0, 0.5, 0])
+    assert sb.token_adv.tolist() == pytest.approx([0, 0, 0, 0.5, 0])
+
+
+def test_progress_needs_the_environment():
+    with pytest.raises(CoevoError, match="needs the environment"):
+        make_estimator("progress").credit({"g": batch()})

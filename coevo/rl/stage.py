@@ -46,6 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from coevo.envs.base import Environment
 from coevo.errors import CoevoError
 from coevo.executors import AgentAssets, EpisodeJob, LocalExecutor, resolve_env
+from coevo.rl.estimators import EstimatorContext
 from coevo.rl.sampling import (  # noqa: F401  (re-exported)
     SAMPLERS,
     CapabilitySampler,
@@ -226,6 +227,8 @@ def rl_stage(store: Any, run: str, round: int, env: str | Environment, assets: A
     env = resolve_env(env)
     if getattr(trainer, "tokenizer", None) is None and tokenizer is not None:
         trainer.tokenizer = tokenizer  # replays the grammar of constrained turns
+    # Estimators that rescore episodes (progress) see the stage's environment and rubric.
+    trainer.context = EstimatorContext(env=env, rubric=assets.rubric)
     run_rec = store.get_run(run)
     store.get_round(run_rec.id, round)  # a clear NotFound before any rollout
     hashes = assets.put(store)

@@ -9,7 +9,7 @@ outside any recorded turn, and trajectories without per-turn credit, get the epi
 Estimators are looked up by name in `ESTIMATORS` (`TrainConfig.estimator`, options in
 `TrainConfig.estimator_options`, validated by the estimator's `Options` model); an unknown
 name fails with the list of known ones. Built-ins: `grpo` (default, coevo/rl/estimators/grpo.py),
-`gigpo` (step-level credit by anchor states, coevo/rl/estimators/gigpo.py).
+`gigpo` (step-level credit by anchor states) and `progress` (per-turn verified progress).
 """
 
 from __future__ import annotations
