@@ -131,7 +131,7 @@ def test_config_names_the_estimator_field():
                                          r"estimator 'gipgo'; known: gigpo, grpo"):
         TrainConfig.from_mapping({"estimator": "gipgo"}, "train.yaml")
     with pytest.raises(AssetError, match=r"^train.yaml: estimator_options: .*gamma: .*"
-                                         r"\(estimator 'gigpo'\)"):
+                                         r"\(advantage estimator 'gigpo'\)"):
         TrainConfig.from_mapping({"estimator": "gigpo", "estimator_options": {"gamma": 2}},
                                  "train.yaml")
     with pytest.raises(AssetError, match=r"estimator_options: .*gama"):

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo,
-                      field_validator, model_validator)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from coevo.errors import AssetError
-from coevo.registry import UnknownName
-from coevo.rl.estimators import ESTIMATORS, estimator_options
+from coevo.registry import choice_validators
+from coevo.rl.estimators import ESTIMATORS
 
 
 class LoraSettings(BaseModel):
@@ -61,21 +60,8 @@ class TrainConfig(BaseModel):
     shared_prompt: bool = True  # run a group's common prompt once per micro-batch
     warmup_steps: int = Field(0, ge=0)  # supervised steps on successful trajectories first
 
-    @field_validator("estimator")
-    @classmethod
-    def _known_estimator(cls, v: str) -> str:
-        try:
-            ESTIMATORS.get(v)
-        except UnknownName as exc:
-            raise ValueError(str(exc)) from None
-        return v
-
-    @field_validator("estimator_options")
-    @classmethod
-    def _estimator_options(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
-        if "estimator" in info.data:  # else the name itself was rejected above
-            estimator_options(info.data["estimator"], v)
-        return v
+    _known_estimator, _estimator_options = choice_validators(
+        ESTIMATORS, "estimator", "estimator_options")
 
     @model_validator(mode="after")
     def _kl_needs_adapter(self) -> "TrainConfig":

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
 from coevo.errors import CoevoError
-from coevo.registry import Registry
+from coevo.registry import Registry, validate_options
 from coevo.trajectory import Trajectory
 
 
@@ -73,13 +73,7 @@ ESTIMATORS: Registry[Any] = Registry("advantage estimator")
 
 def estimator_options(name: str, options: Mapping[str, Any] | None) -> BaseModel:
     """`options` validated by estimator `name`'s Options; one ValueError line naming the key."""
-    cls = ESTIMATORS.get(name)
-    try:
-        return cls.Options.model_validate(dict(options or {}))
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"])
-        raise ValueError(f"{where}: {err['msg']} (estimator {name!r})") from None
+    return validate_options(ESTIMATORS, name, dict(options or {}))
 
 
 def make_estimator(name: str, options: Mapping[str, Any] | None = None, *, scale: str = "std",

@@ -23,6 +23,9 @@ Choices where the paper leaves room or coevo differs:
   identical histories are compared (a strict tree of prefixes, never a false match).
 - Anchor groups span the batch (not one episode group): the same task sampled in two groups of
   a step pools its states. A state met twice in one episode contributes both turns.
+- On single-turn episodes every turn's anchor is its prompt, so the anchor group is the
+  episode group and A = (1 + weight) A^E: GRPO with a larger step size, nothing more. GiGPO
+  is meant for multi-turn environments (bfcl-multi:).
 - Std scaling follows `TrainConfig.advantage_scale` at both levels ("none": Dr. GRPO's
   unscaled variant, which the paper also reports).
 """
