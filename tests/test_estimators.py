@@ -220,3 +220,15 @@ def test_progress_without_rubric_uses_the_verifier_outcome_and_finds_signal_in_f
 def test_progress_needs_the_environment():
     with pytest.raises(CoevoError, match="needs the environment"):
         make_estimator("progress").credit({"g": batch()})
+
+
+def test_progress_counts_checks_as_the_predicates_rubric_pays_them():
+    # says-done now requires half: b's lone "done" (no inc) passes the regex but is not paid,
+    # so its turn made no progress (0 instead of 1/4); a's "done" after an inc is paid.
+    data = RUBRIC.model_dump(mode="json")
+    data["criteria"][2]["requires"] = ["half"]
+    ctx = EstimatorContext(env=CounterEnv(), rubric=Rubric.model_validate(data))
+    a = counter_episode("a", ["inc", "done"], 0.0)
+    b = counter_episode("b", ["done"], 0.0)
+    ca, cb = make_estimator("progress", context=ctx).credit({"g": [a, b]})["g"]
+    assert ca.turns == pytest.approx((0.5, 0.25)) and cb.turns == (0.0,)

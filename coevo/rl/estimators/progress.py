@@ -20,8 +20,9 @@ k turns (coevo.validity.replay_state, a fresh `env.start` each time). State 0 ha
 an empty answer.
 
 Checks: the rubric's criteria except `llm_judge` (not verifier-backed); the rubric validity
-rule (coevo/validity.py) still governs which rubrics are accepted. Without a rubric the one
-check is the verifier's outcome. A check that cannot be scored at some state of an episode
+rule (coevo/validity.py) still governs which rubrics are accepted. Criteria with prerequisites
+count as the reward pays them (coevo.rewards.paid_criteria). Without a rubric the one check is
+the verifier's outcome. A check that cannot be scored at some state of an episode
 (missing data, e.g. a detail reported only for final answers) is left out of that episode's
 P entirely, so appearing or vanishing is never mistaken for progress; an episode whose
 verifier cannot run (InfraError) or with no check scored at every state gets the episode
@@ -68,7 +69,7 @@ def verifier_checks(rubric):
 
 def progress_curves(trajs: Sequence[Trajectory], env, rubric) -> list[list[float] | None]:
     """P_0 .. P_T of each trajectory (None: not measurable; see the module docstring)."""
-    from coevo.rewards import score_rubric
+    from coevo.rewards import paid_criteria, score_rubric
     from coevo.validity import rebuild
 
     checks = verifier_checks(rubric)
@@ -83,7 +84,7 @@ def progress_curves(trajs: Sequence[Trajectory], env, rubric) -> list[list[float
             elif checks is None:
                 scored.append({"outcome": float(r[2].outcome)})
             else:
-                scored.append(score_rubric(checks, *r, trajectory=p))
+                scored.append(paid_criteria(checks, score_rubric(checks, *r, trajectory=p)))
         if any(s is None for s in scored):
             out.append(None)
             continue
