@@ -281,3 +281,14 @@ def test_tempered_temperature_follows_the_stages_own_history(tiny_dir, tmp_path)
         expect = min(1.5, max(0.1, 1.0 + 0.5 * (2 * q - 1)))
         assert expect != pytest.approx(1.0)
         assert all(u.sampling.temperature == pytest.approx(expect) for u in t.turns)
+
+
+def test_stage_binds_its_environment_and_rubric_for_the_progress_estimator(tiny_dir, tmp_path):
+    store = open_run(tmp_path / "p.db")
+    model, tok = load_tiny_model(tiny_dir)
+    trainer = Trainer(model, TrainConfig(**TRAIN, estimator="progress"), base_model="tiny")
+    env = FirstCharEnv()
+    cfg = StageConfig(steps=1, tasks_per_step=2, samples=2, seed=1)
+    res = rl_stage(store, "r", 0, env, ASSETS, trainer, cfg, tokenizer=tok)
+    assert trainer.context.env is env and trainer.context.rubric is ASSETS.rubric
+    assert res.end_step == 1 and trainer.step_count == 1
