@@ -68,6 +68,19 @@ class AdvantageEstimator(Protocol):
     def credit(self, groups: Mapping[str, Sequence[Trajectory]]) -> dict[str, list[Credit]]: ...
 
 
+class Estimator:
+    """What the built-in estimators share: their options, the advantage scale and eps, and
+    the context (subclasses set `Options` and implement `credit`)."""
+
+    Options: ClassVar[type[BaseModel]] = NoOptions
+
+    def __init__(self, options: BaseModel | None = None, *, scale: str = "std",
+                 eps: float = 1e-6, context: EstimatorContext | None = None):
+        self.options = options or self.Options()
+        self.scale, self.eps = scale, eps
+        self.context = context or EstimatorContext()
+
+
 ESTIMATORS: Registry[Any] = Registry("advantage estimator")
 
 

@@ -39,9 +39,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from coevo.rl.estimators.base import ESTIMATORS, Credit, EstimatorContext
+from coevo.rl.estimators.base import ESTIMATORS, Credit, Estimator
 from coevo.rl.estimators.grpo import episode_advantages
-from coevo.rl.grpo import Scale, group_advantages
+from coevo.rl.grpo import group_advantages
 from coevo.trajectory import Trajectory
 
 
@@ -74,13 +74,8 @@ def step_returns(traj: Trajectory, gamma: float) -> list[float]:
 
 
 @ESTIMATORS.register("gigpo")
-class GigpoEstimator:
+class GigpoEstimator(Estimator):
     Options = GigpoOptions
-
-    def __init__(self, options: GigpoOptions | None = None, *, scale: Scale = "std",
-                 eps: float = 1e-6, context: EstimatorContext | None = None):
-        self.options = options or GigpoOptions()
-        self.scale, self.eps = scale, eps
 
     def step_advantages(self, groups: Mapping[str, Sequence[Trajectory]]
                         ) -> dict[tuple[str, int, int], float]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from coevo.rl.estimators.base import ESTIMATORS, Credit, EstimatorContext, NoOptions
+from coevo.rl.estimators.base import ESTIMATORS, Credit, Estimator
 from coevo.rl.grpo import Scale, group_advantages
 from coevo.trajectory import Trajectory
 
@@ -21,13 +21,7 @@ def episode_advantages(groups: Mapping[str, Sequence[Trajectory]], scale: Scale,
 
 
 @ESTIMATORS.register("grpo")
-class GrpoEstimator:
-    Options = NoOptions
-
-    def __init__(self, options: NoOptions | None = None, *, scale: Scale = "std",
-                 eps: float = 1e-6, context: EstimatorContext | None = None):
-        self.scale, self.eps = scale, eps
-
+class GrpoEstimator(Estimator):
     def credit(self, groups: Mapping[str, Sequence[Trajectory]]) -> dict[str, list[Credit]]:
         return {gid: [Credit(a) for a in advs]
                 for gid, advs in episode_advantages(groups, self.scale, self.eps).items()}

@@ -41,9 +41,8 @@ from collections.abc import Mapping, Sequence
 from pydantic import BaseModel, ConfigDict, Field
 
 from coevo.errors import CoevoError
-from coevo.rl.estimators.base import ESTIMATORS, Credit, EstimatorContext
+from coevo.rl.estimators.base import ESTIMATORS, Credit, Estimator
 from coevo.rl.estimators.grpo import episode_advantages
-from coevo.rl.grpo import Scale
 from coevo.trajectory import Trajectory
 
 
@@ -97,14 +96,8 @@ def progress_curves(trajs: Sequence[Trajectory], env, rubric) -> list[list[float
 
 
 @ESTIMATORS.register("progress")
-class ProgressEstimator:
+class ProgressEstimator(Estimator):
     Options = ProgressOptions
-
-    def __init__(self, options: ProgressOptions | None = None, *, scale: Scale = "std",
-                 eps: float = 1e-6, context: EstimatorContext | None = None):
-        self.options = options or ProgressOptions()
-        self.scale, self.eps = scale, eps
-        self.context = context or EstimatorContext()
 
     def credit(self, groups: Mapping[str, Sequence[Trajectory]]) -> dict[str, list[Credit]]:
         env = self.context.env
