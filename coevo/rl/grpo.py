@@ -20,7 +20,10 @@ Where coevo departs from the paper:
   population std (ddof=0), defined for any group size.
 - Clipping may be asymmetric (DAPO "clip-higher": eps_high > eps_low keeps exploration).
 - Groups whose rewards are all equal have zero advantage everywhere: they are skipped before
-  any forward pass (`groups_with_signal`), and the fraction with signal is reported.
+  any forward pass, and the fraction with signal is reported. The advantages themselves come
+  from the configured estimator (coevo/rl/estimators/: `grpo` is this section's A_i; `gigpo`
+  and `progress` add per-turn terms, so `advantages` may be per token), and a group is
+  skipped when its credit is zero on every token.
 - The reference policy is the base model with the LoRA adapter disabled (no second copy of
   the model); kl_coef defaults to 0 in TrainConfig, as DAPO and Dr. GRPO drop it.
 - The mask is the trajectory's loss mask: 1 only on tokens the policy sampled, so prompt,
