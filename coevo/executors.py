@@ -112,6 +112,9 @@ class EpisodeJob(BaseModel):
     # gate's per-task seeds (coevo.sequential.seed_for).
     task_seeds: dict[str, list[int]] | None = None
     split: str = "train"
+    # Task id -> sampling temperature in place of the harness's (the RL stage's temperature
+    # schedule, coevo/rl/temperature.py); every turn records the temperature it was sampled at.
+    temperatures: dict[str, float] | None = None
     checkpoint: str | None = None  # store checkpoint id, recorded on every trajectory
     adapter: str | None = None  # LoRA folder the backend must have loaded; None: leave it as is
     tool_timeout: float = Field(5.0, gt=0.0)
@@ -186,7 +189,7 @@ def run_job(job: EpisodeJob, backend: Backend, judge: Backend | None = None) -> 
     check_judge(a.rubric, judge)
     common = dict(samples=job.samples, checkpoint=job.checkpoint, split=job.split,
                   library=a.library, judge=judge, tool_timeout=job.tool_timeout,
-                  max_concurrency=job.max_concurrency)
+                  max_concurrency=job.max_concurrency, temperatures=job.temperatures)
     if job.task_seeds is None:
         return run_episodes_sync(env, job.tasks, a.harness, a.skills, a.rubric, backend,
                                  seeds=job.seed, **common)

@@ -70,6 +70,41 @@ def call_with_options(fn: Callable[..., T], *args: Any, **options: Any) -> T:
     return fn(*args, **options)
 
 
+def validate_options(registry: "Registry[Any]", name: str, options: dict[str, Any] | None) -> Any:
+    """`options` validated by the `Options` pydantic model of `registry`'s `name`; a failure is
+    one ValueError line naming the key ("gamma: Input should be ... (estimator 'gigpo')")."""
+    from pydantic import ValidationError
+
+    try:
+        return registry.get(name).Options.model_validate(dict(options or {}))
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        raise ValueError(f"{where + ': ' if where else ''}{msg} ({registry.what} {name!r})") from None
+
+
+def choice_validators(registry: "Registry[Any]", name_field: str, options_field: str) -> tuple:
+    """Pydantic field validators for a config pair (`name_field` names an entry of `registry`,
+    `options_field` holds its options): an unknown name lists the known ones, bad options
+    name their key. Unpack into two class attributes of the model."""
+    from pydantic import ValidationInfo, field_validator
+
+    def known(cls: Any, v: str) -> str:
+        try:
+            registry.get(v)
+        except UnknownName as exc:
+            raise ValueError(str(exc)) from None
+        return v
+
+    def options(cls: Any, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        if name_field in info.data:  # else the name itself was rejected
+            validate_options(registry, info.data[name_field], v)
+        return v
+
+    return field_validator(name_field)(known), field_validator(options_field)(options)
+
+
 def import_dotted(module_name: str, attr: str, what: str) -> Any:
     """`module_name` imported, then the dotted `attr` inside it ("Class.method"), which must be
     callable. Errors are CoevoError prefixed with `what` (e.g. "python criterion 'm:f'");

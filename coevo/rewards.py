@@ -305,8 +305,39 @@ def score_rubric(rubric: Any, task: Task, response: Response, env_score: Score, 
                                      trajectory=trajectory))
 
 
+def paid_criteria(rubric: Any, criteria: dict[str, float]) -> dict[str, float]:
+    """The criterion scores a predicates rubric pays (DARS-style prerequisites): a criterion
+    whose prerequisites all passed (their paid score >= 0.5) keeps its score, one with a failed
+    prerequisite pays 0, one with a missing prerequisite is missing. Without prerequisites the
+    scores are returned as they are.
+
+    >>> from coevo.assets.rubric import Rubric
+    >>> r = Rubric.model_validate({"name": "r", "criteria": [
+    ...     {"id": "calls", "kind": "tool_called"},
+    ...     {"id": "named", "kind": "tool_called", "requires": ["calls"]},
+    ...     {"id": "args", "kind": "tool_called", "requires": ["named"]}]})
+    >>> paid_criteria(r, {"calls": 1.0, "named": 0.0, "args": 1.0})
+    {'calls': 1.0, 'named': 0.0, 'args': 0.0}
+    >>> paid_criteria(r, {"named": 1.0, "args": 1.0})  # calls missing: so are the others
+    {}
+    """
+    from coevo.assets.rubric import PASS, prerequisite_order
+
+    by_id = {c.id: c for c in rubric.criteria}
+    if not any(c.requires for c in rubric.criteria):
+        return dict(criteria)
+    paid: dict[str, float] = {}
+    for cid in prerequisite_order(rubric.criteria):
+        if cid not in criteria or any(p not in paid for p in by_id[cid].requires):
+            continue  # missing, or a prerequisite is
+        ok = all(paid[p] >= PASS for p in by_id[cid].requires)
+        paid[cid] = criteria[cid] if ok else 0.0
+    return {k: paid[k] for k in criteria if k in paid}
+
+
 def reward(rubric: Any, outcome: float | None, criteria: dict[str, float]) -> float | None:
-    """outcome_weight * outcome + sum(w_i c_i) / sum(w_i) over the criteria present.
+    """outcome_weight * outcome + sum(w_i c_i) / sum(w_i) over the criteria present (as
+    `paid_criteria` pays them when criteria have prerequisites).
 
     No rubric: the outcome itself. No outcome (the verifier did not run): None.
 
@@ -323,7 +354,7 @@ def reward(rubric: Any, outcome: float | None, criteria: dict[str, float]) -> fl
     if rubric is None:
         return float(outcome)
     weights = {c.id: c.weight for c in rubric.criteria}
-    present = [(weights[k], v) for k, v in criteria.items() if k in weights]
+    present = [(weights[k], v) for k, v in paid_criteria(rubric, criteria).items() if k in weights]
     total_w = sum(w for w, _ in present)
     partial = sum(w * v for w, v in present) / total_w if total_w > 0 else 0.0
     return rubric.outcome_weight * float(outcome) + partial

@@ -149,3 +149,26 @@ def test_a_token_the_grammar_rejects_is_a_named_error(rollouts):
     bad = t.model_copy(update={"token_ids": ids})
     with pytest.raises(TrajectoryError, match="not allowed by the grammar"):
         trainer._replay_grammars([to_sample(bad, 1.0)])
+
+
+def test_per_task_temperatures_are_recorded_and_match_the_trainers_recomputation(rollouts):
+    """The tempered schedule samples each task at its own temperature (EpisodeJob /
+    run_episodes `temperatures`): every turn records it and the trainer scores with it."""
+    trainer, tok, _ = rollouts
+    env = PickEnv()
+    temps = {"train-0": 0.4, "train-1": 1.3, "train-2": 0.8, "train-3": 1.9}
+    trajs = run_episodes_sync(env, env.tasks(), harness(), backend=live_policy(trainer, tok),
+                              samples=2, seeds=5, temperatures=temps)
+    assert all(t.status == "ok" for t in trajs)
+    assert {(t.task_id, turn.sampling.temperature) for t in trajs for turn in t.turns} == \
+        set(temps.items())
+    samples = _samples(trainer, trajs)
+    recomputed = trainer.sequence_logprobs(samples)
+    for s, t, new in zip(samples, trajs, recomputed):
+        torch.testing.assert_close(new, torch.tensor(t.logprobs) * s.mask, atol=1e-5, rtol=0)
+    # Scored at the harness's 0.8 instead, the 0.4 and 1.9 tasks' log-probs are off.
+    at_harness = [t.model_copy(update={"turns": [u.model_copy(update={"sampling": u.sampling.model_copy(
+        update={"temperature": 0.8})}) for u in t.turns]}) for t in trajs]
+    wrong = trainer.sequence_logprobs(_samples(trainer, at_harness))
+    gaps = {t.task_id: float((a - b).abs().max()) for t, a, b in zip(trajs, wrong, recomputed)}
+    assert gaps["train-2"] < 1e-5 and min(gaps["train-0"], gaps["train-3"]) > 0.05

@@ -128,3 +128,48 @@ def test_reward_combines_outcome_and_weighted_criteria():
     assert reward(r, 0.5, {}) == pytest.approx(1.0)
     assert reward(r, None, {"a": 1.0}) is None  # no verified outcome: no reward
     assert reward(None, 0.5, {}) == 0.5
+
+
+# -- predicates rubrics (prerequisites) -------------------------------------------------------
+def predicates():
+    # calls (w 1) <- named (w 2) <- args (w 1); polite (w 1) has no prerequisite
+    return rubric({"id": "calls", "kind": "tool_called", "weight": 1.0},
+                  {"id": "named", "kind": "tool_called", "weight": 2.0, "requires": ["calls"],
+                   "params": {"name_in_offered": True}},
+                  {"id": "args", "kind": "tool_called", "weight": 1.0, "requires": ["named"],
+                   "params": {"required_args": True}},
+                  {"id": "polite", "kind": "regex", "weight": 1.0,
+                   "params": {"pattern": "please"}}, outcome_weight=1.0)
+
+
+def test_prerequisites_gate_partial_credit_in_dependency_order():
+    r = predicates()
+    # All pass: (1 + 2 + 1 + 1) / 5 = 1.
+    assert reward(r, 0.0, {"calls": 1.0, "named": 1.0, "args": 1.0, "polite": 1.0}) == 1.0
+    # named fails: args pays 0 although its own check passed -> (1 + 0 + 0 + 1) / 5 = 0.4
+    # (without prerequisites it would be (1 + 0 + 1 + 1) / 5 = 0.6).
+    assert reward(r, 0.0, {"calls": 1.0, "named": 0.0, "args": 1.0, "polite": 1.0}) == \
+        pytest.approx(0.4)
+    # calls passes at 0.5 (the pass mark), named 0.4 < 0.5 pays 0.4 but blocks args:
+    # (0.5 + 0.8 + 0 + 0) / 5 = 0.26, outcome 1 -> 1.26
+    assert reward(r, 1.0, {"calls": 0.5, "named": 0.4, "args": 1.0, "polite": 0.0}) == \
+        pytest.approx(1.26)
+    # calls missing: named and args are missing too -> only polite counts: 1 / 1
+    assert reward(r, 0.0, {"named": 1.0, "args": 1.0, "polite": 1.0}) == pytest.approx(1.0)
+
+
+def test_prerequisite_cycles_and_unknown_ids_are_schema_errors():
+    with pytest.raises(ValueError, match=r"prerequisite cycle: named -> args -> named"):
+        rubric({"id": "named", "kind": "tool_called", "requires": ["args"]},
+               {"id": "args", "kind": "tool_called", "requires": ["named"]})
+    with pytest.raises(ValueError, match=r"prerequisite cycle: a -> a"):
+        rubric({"id": "a", "kind": "tool_called", "requires": ["a"]})
+    with pytest.raises(ValueError, match=r"criterion 'a' requires 'b', which is not a criterion"):
+        rubric({"id": "a", "kind": "tool_called", "requires": ["b"]})
+
+
+def test_a_rubric_without_prerequisites_hashes_as_before():
+    r = rubric({"id": "a", "kind": "tool_called"})
+    assert "requires" not in r.content()["criteria"][0]
+    assert predicates().content()["criteria"][1]["requires"] == ["calls"]
+    assert Rubric.model_validate(predicates().content()) == predicates()  # round-trips

@@ -260,3 +260,35 @@ def test_remote_executor_samples_with_the_latest_adapter_each_step(tiny_dir, tmp
     # only the current step's published adapter is kept
     rollout_dir = Path(engine.adapter).parent
     assert [p.name for p in rollout_dir.iterdir()] == ["step-2"]
+
+
+def test_tempered_temperature_follows_the_stages_own_history(tiny_dir, tmp_path):
+    store = open_run(tmp_path / "t.db")
+    trainer, tok = fresh(tiny_dir)
+    # pool of 2 tasks, both drawn every step; 3 samples: a posterior mean is never 1/2
+    cfg = StageConfig(steps=2, tasks_per_step=2, samples=3, seed=1, pool_size=2,
+                      temperature="tempered", temperature_options={"spread": 0.5})
+    rl_stage(store, "r", 0, FirstCharEnv(), ASSETS, trainer, cfg, tokenizer=tok)
+    trajs = store.trajectories(run="r", round=0)
+    first = [t for t in trajs if t.policy_step == 0]
+    second = [t for t in trajs if t.policy_step == 1]
+    assert len(first) == len(second) == 6
+    # step 0 has no history: the harness's temperature 1.0
+    assert {u.sampling.temperature for t in first for u in t.turns} == {1.0}
+    for t in second:
+        losses = sum(not x.success for x in first if x.task_id == t.task_id)
+        q = (1 + losses) / (2 + 3)  # Beta(1 + wins, 1 + losses): b / (a + b)
+        expect = min(1.5, max(0.1, 1.0 + 0.5 * (2 * q - 1)))
+        assert expect != pytest.approx(1.0)
+        assert all(u.sampling.temperature == pytest.approx(expect) for u in t.turns)
+
+
+def test_stage_binds_its_environment_and_rubric_for_the_progress_estimator(tiny_dir, tmp_path):
+    store = open_run(tmp_path / "p.db")
+    model, tok = load_tiny_model(tiny_dir)
+    trainer = Trainer(model, TrainConfig(**TRAIN, estimator="progress"), base_model="tiny")
+    env = FirstCharEnv()
+    cfg = StageConfig(steps=1, tasks_per_step=2, samples=2, seed=1)
+    res = rl_stage(store, "r", 0, env, ASSETS, trainer, cfg, tokenizer=tok)
+    assert trainer.context.env is env and trainer.context.rubric is ASSETS.rubric
+    assert res.end_step == 1 and trainer.step_count == 1

@@ -349,3 +349,26 @@ def test_embedded_model_shared_prompt_equals_full_forward_and_step_moves_lora():
     stats = trainer.step(trajs)
     assert stats.kl == 0.0 and stats.ratio_mean == pytest.approx(1.0, abs=1e-3)
     assert any(not torch.equal(a, b) for a, b in zip(before, trainer.trainable_parameters()))
+
+
+def test_gigpo_estimator_trains_on_a_group_grpo_skips():
+    """Equal episode rewards (no GRPO signal), but the one-turn answer beats the two-turn one
+    from the same prompt state: gigpo updates the weights, grpo does not."""
+    from coevo.trajectory import Turn
+
+    def ep(tid, actions):
+        ids, mask, turns = [5, 6, 7], [0, 0, 0], []
+        for k, a in enumerate(actions):
+            turns.append(Turn(index=k, start=len(ids), end=len(ids) + 2, text=""))
+            ids, mask = ids + [a, a + 1, 40], mask + [1, 1, 0]
+        return Trajectory(id=tid, env="e", task_id="t", group_id="g", token_ids=ids,
+                          loss_mask=mask, prompt_len=3, turns=turns, reward=1.0)
+
+    trajs = [ep("long", [10, 20]), ep("short", [30])]
+    for name, moves in (("grpo", False), ("gigpo", True)):
+        trainer = Trainer(tiny_model(), TrainConfig(estimator=name, recompute_old_logprobs=True,
+                                                    estimator_options={"gamma": 0.5} if moves else {}))
+        before = [p.detach().clone() for p in trainer.trainable_parameters()]
+        stats = trainer.step(trajs)
+        changed = any(not torch.equal(b, p) for b, p in zip(before, trainer.trainable_parameters()))
+        assert (stats.updated, changed, stats.signal_fraction) == (moves, moves, float(moves))

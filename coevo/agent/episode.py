@@ -106,9 +106,11 @@ class _Batched:
 async def run_episode(env: Environment, task: Task, harness: Harness, *, generate: Any,
                       tokenizer: Any, seed: int, skills: Sequence[Any] = (),
                       rubric: Any = None, judge: Backend | None = None,
-                      tool_timeout: float = DEFAULT_TOOL_TIMEOUT_S) -> Trajectory:
+                      tool_timeout: float = DEFAULT_TOOL_TIMEOUT_S,
+                      temperature: float | None = None) -> Trajectory:
     """One episode through the harness graph, scored; the Trajectory without run identity
-    fields (group, sample index, asset hashes), which `run_episodes` fills in."""
+    fields (group, sample index, asset hashes), which `run_episodes` fills in. `temperature`
+    replaces the harness's sampling temperature (None: the harness's)."""
     t0 = time.perf_counter()
     wf = harness.workflow
     own_tools = harness_tools(harness, scored_only=env.single_turn)
@@ -126,8 +128,11 @@ async def run_episode(env: Environment, task: Task, harness: Harness, *, generat
         return traj.model_copy(update={"status": "infra_error", "error": str(exc),
                                        "messages": messages, "trainable": False})
     state = None if env.single_turn else await asyncio.to_thread(env.start, task)
+    sampling = harness.sampling(seed)
+    if temperature is not None:
+        sampling = sampling.model_copy(update={"temperature": float(temperature)})
     ep = EpisodeContext(
-        env=env, task=task, seq=seq, generate=generate, sampling=harness.sampling(seed),
+        env=env, task=task, seq=seq, generate=generate, sampling=sampling,
         tool_format=harness.tool_format, max_turns=1 if env.single_turn else wf.max_turns,
         extract=wf.answer_extraction.extract, reflection_prompt=wf.reflection_prompt,
         tools=own_tools, env_state=state, tool_timeout=tool_timeout,
@@ -179,13 +184,15 @@ async def run_episodes(env: Environment, tasks: Sequence[Task], harness: Harness
                        seeds: int | Sequence[int] = 0, checkpoint: str | None = None,
                        split: str = "train", library: Any = None, judge: Backend | None = None,
                        batcher: Any = None, tool_timeout: float = DEFAULT_TOOL_TIMEOUT_S,
-                       max_concurrency: int | None = None) -> list[Trajectory]:
+                       max_concurrency: int | None = None,
+                       temperatures: dict[str, float] | None = None) -> list[Trajectory]:
     """Run `samples` episodes of every task concurrently; trajectories in (task, sample) order.
 
     seeds: an int is the base seed (sample i of task t gets `sample_seed(base, t.id, i)`);
     a list gives sample i's seed for every task. library: the SkillLibrary that `skills`
     belong to (its hash is recorded; members are resolved from `skills` by hash). judge: the
     backend asked by llm_judge criteria. batcher: an existing DynamicBatcher to share.
+    temperatures: task id -> sampling temperature in place of the harness's.
     """
     if backend is None and batcher is None:
         raise CoevoError("run_episodes: give a backend (or a batcher)")
@@ -208,7 +215,8 @@ async def run_episodes(env: Environment, tasks: Sequence[Task], harness: Harness
         async def go() -> Trajectory:
             return await run_episode(env, task, harness, generate=generate, tokenizer=tokenizer,
                                      seed=seed, skills=skill_list, rubric=rubric, judge=judge,
-                                     tool_timeout=tool_timeout)
+                                     tool_timeout=tool_timeout,
+                                     temperature=(temperatures or {}).get(task.id))
         if limit is None:
             traj = await go()
         else:

@@ -23,6 +23,15 @@ Criterion kinds (a discriminated union on `kind`, each with its own validated `p
   coevo.propose.base.check_candidate), and the callable is imported only at reward time.
 - llm_judge: a question put to a model, answered on a 0..scale scale.
 
+Predicates rubrics (DARS-style, dependency-aware): a criterion may list `requires`, ids of
+criteria that must pass (score >= 0.5, as paid) before it pays; with a failed prerequisite it
+pays 0, with a missing one it is missing (coevo.rewards.paid_criteria), so partial credit
+follows the dependency order. Unknown ids and cycles are schema errors (`PrerequisiteCycle`
+names the cycle). The stored per-criterion scores stay the raw check results; the reward
+applies the prerequisites. Departure from DARS: the predicates are coevo's criterion kinds
+(not a separate predicate language), and the validity gate's partial-credit AUC still reads
+the raw scores.
+
 Weights are data a proposer may revise, but a revision may not lower the verified outcome's
 share of the reward (`Rubric.outcome_share`), and rubric candidates are gated on how well their
 partial credit AND the trainer's whole reward predict the verified outcome (coevo/validity.py),
@@ -33,7 +42,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, JsonValue, field_validator, model_serializer,
+                      model_validator)
 
 from coevo.assets.base import Asset, LimitedText, Text
 from coevo.assets.harness import ASSET_NAME, check_json_schema
@@ -105,6 +115,17 @@ class _CriterionBase(BaseModel):
     id: str = Field(min_length=1, max_length=64, pattern=CRITERION_ID)
     description: Text = ""
     weight: float = Field(1.0, ge=0.0, le=100.0)
+    # Prerequisites (predicates rubrics): ids of criteria that must pass for this one to pay.
+    requires: list[Annotated[str, Field(pattern=CRITERION_ID, max_length=64)]] = Field(
+        default_factory=list, max_length=8)
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> Any:
+        data = handler(self)
+        # Left out when empty, so a rubric hashes as it did before prerequisites existed.
+        if isinstance(data, dict) and not data.get("requires"):
+            data.pop("requires", None)
+        return data
 
 
 class OutcomeCriterion(_CriterionBase):
@@ -148,6 +169,50 @@ Criterion = Annotated[
     ],
     Field(discriminator="kind"),
 ]
+PASS = 0.5  # a prerequisite passes when its (paid) score is at least this
+
+
+class PrerequisiteCycle(ValueError):
+    """Criteria that require each other, directly or through others: none could ever pay."""
+
+
+def prerequisite_order(criteria: Any) -> list[str]:
+    """Criterion ids with every prerequisite before the criteria that require it (input order
+    otherwise). An unknown prerequisite is a ValueError; a cycle a PrerequisiteCycle naming it.
+
+    >>> from types import SimpleNamespace as C
+    >>> prerequisite_order([C(id="b", requires=["a"]), C(id="a", requires=[])])
+    ['a', 'b']
+    >>> prerequisite_order([C(id="a", requires=["b"]), C(id="b", requires=["a"])])
+    Traceback (most recent call last):
+    ...
+    coevo.assets.rubric.PrerequisiteCycle: prerequisite cycle: a -> b -> a
+    """
+    req = {c.id: list(c.requires) for c in criteria}
+    for cid, pre in req.items():
+        for p in pre:
+            if p not in req:
+                raise ValueError(f"criterion {cid!r} requires {p!r}, which is not a criterion")
+    order: list[str] = []
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = placed
+
+    def visit(cid: str, path: list[str]) -> None:
+        if state.get(cid) == 2:
+            return
+        if state.get(cid) == 1:
+            cycle = path[path.index(cid):] + [cid]
+            raise PrerequisiteCycle(f"prerequisite cycle: {' -> '.join(cycle)}")
+        state[cid] = 1
+        for p in req[cid]:
+            visit(p, path + [cid])
+        state[cid] = 2
+        order.append(cid)
+
+    for cid in req:
+        visit(cid, [])
+    return order
+
+
 CRITERION_KINDS = ("outcome", "regex", "json_schema", "tool_called", "python", "llm_judge")
 
 
@@ -169,6 +234,7 @@ class Rubric(Asset):
             raise ValueError(f"id {dup[0]!r} is used twice")
         if v and sum(c.weight for c in v) <= 0:  # sum(w_i) is the reward's denominator
             raise ValueError("the weights sum to 0; give at least one a positive weight")
+        prerequisite_order(v)
         return v
 
     @model_validator(mode="after")

@@ -1,5 +1,7 @@
-"""Multi-turn GRPO on stored trajectories: objective (grpo), tensors (batch), the Trainer
-(trainer), LoRA and checkpoints (lora), and their configuration (config)."""
+"""Multi-turn GRPO on stored trajectories: objective (grpo), credit assignment (estimators/:
+grpo, gigpo, progress), tensors (batch), the Trainer (trainer), LoRA and checkpoints (lora),
+and their configuration (config). The RL stage (stage) samples tasks (sampling) at per-task
+temperatures (temperature)."""
 
 from coevo.rl.batch import TrajectoryError, plan_grpo, plan_sft
 from coevo.rl.config import LoraSettings, TrainConfig

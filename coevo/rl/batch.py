@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 import torch
 
 from coevo.errors import CoevoError
-from coevo.rl.grpo import Scale, group_advantages, groups_with_signal
+from coevo.rl.estimators import AdvantageEstimator, make_estimator, token_advantages
+from coevo.rl.grpo import Scale
 from coevo.rl.processing import TokenProcessing, WindowProcessing, window_processing
 from coevo.trajectory import Trajectory
 
@@ -46,12 +47,19 @@ class Sample:
     ids: torch.Tensor  # [n] int64
     mask: torch.Tensor  # [n] float32, 1 on policy tokens
     old_logp: torch.Tensor  # [n] float32, 0 where mask is 0
-    advantage: float
+    advantage: float  # the episode's advantage
     reward: float
     prompt_len: int
     ref_logp: torch.Tensor | None = None  # [n], filled by the trainer when kl_coef > 0
     # How each policy token was drawn (None: raw, unconstrained); see coevo/rl/processing.py.
     processing: TokenProcessing | None = None
+    # [n] per-position advantages when the estimator credits turns (None: `advantage` everywhere)
+    token_adv: torch.Tensor | None = None
+
+    @property
+    def adv_tokens(self) -> torch.Tensor:
+        """[n] the advantage of every position."""
+        return self.token_adv if self.token_adv is not None else torch.full((self.n,), self.advantage)
 
     @property
     def n(self) -> int:
@@ -91,7 +99,7 @@ class Plan:
 
 
 def to_sample(traj: Trajectory, advantage: float, need_logprobs: bool = True,
-              processed: bool = True) -> Sample:
+              processed: bool = True, token_adv: torch.Tensor | None = None) -> Sample:
     """Validate one trajectory for training and convert it to tensors; `processed` keeps how
     its tokens were sampled (GRPO), False scores them raw (SFT)."""
     tid = traj.id
@@ -122,7 +130,7 @@ def to_sample(traj: Trajectory, advantage: float, need_logprobs: bool = True,
         traj_id=tid, group=traj.group_id or tid, ids=torch.tensor(traj.token_ids, dtype=torch.long),
         mask=mask, old_logp=old * mask, advantage=float(advantage),
         reward=float(traj.reward if traj.reward is not None else 0.0), prompt_len=traj.prompt_len,
-        processing=TokenProcessing.of(traj) if processed else None,
+        processing=TokenProcessing.of(traj) if processed else None, token_adv=token_adv,
     )
 
 
@@ -153,30 +161,33 @@ def _make_group(gid: str, samples: list[Sample]) -> Group | None:
 
 
 def plan_grpo(trajs: Sequence[Trajectory], scale: Scale = "std", eps: float = 1e-6,
-              need_logprobs: bool = True) -> Plan:
-    """Group trajectories, drop infra failures, compute advantages, keep groups with signal."""
+              need_logprobs: bool = True, estimator: AdvantageEstimator | None = None) -> Plan:
+    """Group trajectories, drop infra failures, credit them (`estimator`, default `grpo`
+    with `scale` / `eps`), keep the groups with any nonzero credit (learning signal)."""
     groups = _by_group(trajs)
     excluded = 0
-    rewards: OrderedDict[str, list[float]] = OrderedDict()
-    kept: dict[str, list[Trajectory]] = {}
+    kept: OrderedDict[str, list[Trajectory]] = OrderedDict()
     for gid, members in groups.items():
         ok = [t for t in members if not _excluded(t)]
         excluded += len(members) - len(ok)
         if ok:
             kept[gid] = ok
-            rewards[gid] = [float(t.reward) for t in ok]
-    signal, frac = groups_with_signal(rewards)
+    est = estimator or make_estimator("grpo", scale=scale, eps=eps)
+    credits = est.credit(kept)
+    signal = [gid for gid in kept if any(c.nonzero for c in credits[gid])]
     out: list[Group] = []
     for gid in signal:
-        advs = group_advantages(rewards[gid], scale=scale, eps=eps)
-        g = _make_group(gid, [to_sample(t, a, need_logprobs) for t, a in zip(kept[gid], advs)])
+        g = _make_group(gid, [to_sample(t, c.episode, need_logprobs,
+                                        token_adv=token_advantages(t, c))
+                              for t, c in zip(kept[gid], credits[gid])])
         if g is not None:
             out.append(g)
-    all_r = [r for rs in rewards.values() for r in rs]
+    all_r = [float(t.reward) for ms in kept.values() for t in ms]
     return Plan(
-        groups=out, n_trajectories=len(trajs), n_groups=len(rewards), signal_fraction=frac,
+        groups=out, n_trajectories=len(trajs), n_groups=len(kept),
+        signal_fraction=len(signal) / len(kept) if kept else 0.0,
         reward_mean=sum(all_r) / len(all_r) if all_r else 0.0, excluded=excluded,
-        skipped=sum(len(rewards[g]) for g in rewards if g not in set(signal)),
+        skipped=sum(len(kept[g]) for g in kept if g not in set(signal)),
     )
 
 
@@ -208,7 +219,7 @@ class MicroBatch:
     mask: torch.Tensor  # [B, W]
     old_logp: torch.Tensor  # [B, W]
     ref_logp: torch.Tensor | None  # [B, W]
-    advantages: torch.Tensor  # [B]
+    advantages: torch.Tensor  # [B], or [B, W] per token when an estimator credits turns
     cost: int = field(default=0)  # tokens through the model (shared prompt counted once)
     processing: WindowProcessing | None = None  # how the scored tokens were sampled
 
@@ -250,13 +261,16 @@ def make_microbatch(samples: Sequence[Sample], shared_len: int = 0) -> MicroBatc
         input_ids = _window(samples, 0, full, "ids")  # [B, T] whole sequences
         targets = input_ids[:, start:]
     mask = _window(samples, start, width, "mask")
+    if any(s.token_adv is not None for s in samples):
+        advantages = _window(samples, start, width, "adv_tokens")  # [B, W]
+    else:
+        advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)  # [B]
     return MicroBatch(
         samples=samples, prompt_ids=prompt, input_ids=input_ids, start=start, targets=targets,
         mask=mask, processing=window_processing(samples, start, width, mask),
         old_logp=_window(samples, start, width, "old_logp"),
         ref_logp=_window(samples, start, width, "ref_logp") if with_ref else None,
-        advantages=torch.tensor([s.advantage for s in samples], dtype=torch.float32),
-        cost=microbatch_cost(samples, shared_len),
+        advantages=advantages, cost=microbatch_cost(samples, shared_len),
     )
 
 

@@ -11,6 +11,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from coevo.errors import AssetError
+from coevo.registry import choice_validators
+from coevo.rl.estimators import ESTIMATORS
 
 
 class LoraSettings(BaseModel):
@@ -45,6 +47,9 @@ class TrainConfig(BaseModel):
     clip_eps_high: float = Field(0.28, ge=0.0)  # DAPO "clip-higher"; set 0.2 for symmetric PPO
     kl_coef: float = Field(0.0, ge=0.0)  # > 0 adds k3 KL to the base (adapter disabled)
     agg: Literal["token", "sequence"] = "token"
+    # Credit assignment (coevo/rl/estimators/): grpo | gigpo | progress, with its options.
+    estimator: str = "grpo"
+    estimator_options: dict[str, Any] = Field(default_factory=dict)
 
     # Schedule
     num_updates_per_batch: int = Field(1, ge=1)  # > 1: old log-probs recomputed before update 1
@@ -54,6 +59,9 @@ class TrainConfig(BaseModel):
     max_tokens_per_microbatch: int = Field(8192, ge=1)  # gradient accumulation unit
     shared_prompt: bool = True  # run a group's common prompt once per micro-batch
     warmup_steps: int = Field(0, ge=0)  # supervised steps on successful trajectories first
+
+    _known_estimator, _estimator_options = choice_validators(
+        ESTIMATORS, "estimator", "estimator_options")
 
     @model_validator(mode="after")
     def _kl_needs_adapter(self) -> "TrainConfig":

@@ -20,7 +20,10 @@ Where coevo departs from the paper:
   population std (ddof=0), defined for any group size.
 - Clipping may be asymmetric (DAPO "clip-higher": eps_high > eps_low keeps exploration).
 - Groups whose rewards are all equal have zero advantage everywhere: they are skipped before
-  any forward pass (`groups_with_signal`), and the fraction with signal is reported.
+  any forward pass, and the fraction with signal is reported. The advantages themselves come
+  from the configured estimator (coevo/rl/estimators/: `grpo` is this section's A_i; `gigpo`
+  and `progress` add per-turn terms, so `advantages` may be per token), and a group is
+  skipped when its credit is zero on every token.
 - The reference policy is the base model with the LoRA adapter disabled (no second copy of
   the model); kl_coef defaults to 0 in TrainConfig, as DAPO and Dr. GRPO drop it.
 - The mask is the trajectory's loss mask: 1 only on tokens the policy sampled, so prompt,
@@ -92,7 +95,7 @@ def policy_loss(
     new_logp: torch.Tensor,  # [B, W] log pi(token) under the current policy (with grad)
     old_logp: torch.Tensor,  # [B, W] log pi_old(token): sampling or recomputed, no grad
     ref_logp: torch.Tensor | None,  # [B, W] log pi_ref(token), or None (no KL term)
-    advantages: torch.Tensor,  # [B] one advantage per sequence
+    advantages: torch.Tensor,  # [B] one per sequence, or [B, W] one per token
     mask: torch.Tensor,  # [B, W] 1 on policy-sampled tokens, 0 elsewhere (incl. padding)
     clip_eps_low: float = 0.2,
     clip_eps_high: float = 0.2,
@@ -116,7 +119,8 @@ def policy_loss(
     # garbage value there (e.g. -inf at padding) cannot turn into NaN.
     log_ratio = torch.where(live, new_logp - old_logp, torch.zeros_like(new_logp))
     ratio = torch.exp(log_ratio)  # [B, W]
-    adv = advantages.to(new_logp.dtype)[:, None]  # [B, 1]
+    adv = advantages.to(new_logp.dtype)
+    adv = adv[:, None] if adv.dim() == 1 else adv  # [B, 1] or [B, W]
     surr = ratio * adv
     surr_clipped = ratio.clamp(1.0 - clip_eps_low, 1.0 + clip_eps_high) * adv
     per_token = -torch.minimum(surr, surr_clipped)  # [B, W]

@@ -3,7 +3,8 @@ store the trajectories, take a GRPO step, checkpoint every K steps; resumable fr
 
     for step s in start .. start + steps - 1:          # s = trainer steps done before it
         tasks  = sampler.sample(s, tasks_per_step)      # train split only
-        trajs  = rollouts(policy, tasks, G, seed(s))    # the trainer's in-memory model
+        temps  = schedule.temperatures(s, tasks)        # fixed, or tempered by pass rates
+        trajs  = rollouts(policy, tasks, G, seed(s), temps)  # the trainer's in-memory model
         store.add_trajectories(trajs, run, round)
         stats  = trainer.train_step(trajs)              # SFT warm-up steps, then GRPO
         if (s + 1 - start) % K == 0 or last: save checkpoint, add its store row
@@ -47,6 +48,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from coevo.envs.base import Environment
 from coevo.errors import CoevoError
 from coevo.executors import AgentAssets, EpisodeJob, LocalExecutor, resolve_env
+from coevo.rl.estimators import EstimatorContext
+from coevo.registry import choice_validators
+from coevo.rl.temperature import TEMPERATURES, build_temperature
 from coevo.rl.sampling import (  # noqa: F401  (re-exported)
     SAMPLERS,
     CapabilitySampler,
@@ -71,8 +75,14 @@ class StageConfig(BaseModel):
     pool_size: int | None = Field(None, ge=1)  # train tasks drawn from (None: the whole split)
     sampler: str = "uniform"  # a coevo.rl.sampling.SAMPLERS name: uniform | capability
     sampler_options: dict[str, Any] = Field(default_factory=dict)  # passed to its factory
+    # Per-task sampling temperature (coevo/rl/temperature.py): fixed | tempered.
+    temperature: str = "fixed"
+    temperature_options: dict[str, Any] = Field(default_factory=dict)
     checkpoint_every: int = Field(5, ge=1)  # K; the last step is always checkpointed
     checkpoint_dir: str | None = None  # default: $COEVO_HOME/runs/<run name>/checkpoints
+
+    _known_temperature, _temperature_options = choice_validators(
+        TEMPERATURES, "temperature", "temperature_options")
 
 
 # --- task sampling: coevo/rl/sampling.py (re-exported: existing imports keep working) ------
@@ -241,6 +251,8 @@ def rl_stage(store: Any, run: str, round: int, env: str | Environment, assets: A
     env = resolve_env(env)
     if getattr(trainer, "tokenizer", None) is None and tokenizer is not None:
         trainer.tokenizer = tokenizer  # replays the grammar of constrained turns
+    # Estimators that rescore episodes (progress) see the stage's environment and rubric.
+    trainer.context = EstimatorContext(env=env, rubric=assets.rubric)
     run_rec = store.get_run(run)
     store.get_round(run_rec.id, round)  # a clear NotFound before any rollout
     hashes = assets.put(store)
@@ -272,6 +284,8 @@ def rl_stage(store: Any, run: str, round: int, env: str | Environment, assets: A
                                 store=store, run=run_rec.id, round=round, samples=cfg.samples,
                                 options=cfg.sampler_options)
         record_sampler(store, run_rec.id, round, cfg.sampler, sampler)
+    schedule = build_temperature(cfg.temperature, assets.harness.decoding.temperature,
+                                 store=store, run=run_rec.id, options=cfg.temperature_options)
     remote = executor is not None
     own_backend = backend is None and not remote
     policy = live_policy(trainer, tokenizer) if own_backend else backend
@@ -288,7 +302,8 @@ def rl_stage(store: Any, run: str, round: int, env: str | Environment, assets: A
         adapter = _publish_adapter(trainer, ckpt_root, s) if remote else None
         trajs = executor.run(EpisodeJob(env=env, tasks=tasks, assets=assets,
                                         samples=cfg.samples, seed=step_seed(cfg.seed, s),
-                                        split="train", checkpoint=parent_id, adapter=adapter))
+                                        split="train", checkpoint=parent_id, adapter=adapter,
+                                        temperatures=schedule.temperatures(s, tasks)))
         t_roll = time.perf_counter() - t0
         _refuse_untrainable(trajs, policy)
         trajs = [t.model_copy(update={"id": trajectory_id(run_rec.id, round, s, t.task_id,

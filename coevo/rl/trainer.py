@@ -1,6 +1,7 @@
 """The GRPO trainer: a policy model (LoRA via peft, or full fine-tuning) plus AdamW.
 
-`Trainer.step(trajectories)` is one GRPO batch: plan (advantages, signal filter, exclusions)
+`Trainer.step(trajectories)` is one GRPO batch: plan (credit from the configured advantage
+estimator, coevo/rl/estimators/; signal filter, exclusions)
 -> optional reference log-probs (adapter disabled) -> optional old log-probs recomputed with
 the current policy (when more than one update is made per batch, or when asked) ->
 `num_updates_per_batch` optimizer updates, each accumulating gradients over micro-batches.
@@ -47,6 +48,7 @@ from coevo.rl.batch import (
     shared_prefix_len,
 )
 from coevo.rl.config import TrainConfig
+from coevo.rl.estimators import EstimatorContext, make_estimator
 from coevo.rl.grpo import masked_nll, policy_loss
 from coevo.rl.lora import apply_lora
 from coevo.rl.processing import replay, scored_logprobs
@@ -157,6 +159,8 @@ class Trainer:
         )
         self.step_count = 0
         self.oom_retries = 0
+        # The environment and rubric estimators may rescore episodes with (set by the RL stage).
+        self.context = EstimatorContext()
 
     # -- parameters -------------------------------------------------------------------------
     def named_trainable_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
@@ -272,8 +276,9 @@ class Trainer:
         t0 = time.perf_counter()
         c = self.config
         recompute = c.num_updates_per_batch > 1 or c.recompute_old_logprobs
-        plan = plan_grpo(trajectories, c.advantage_scale, c.advantage_eps,
-                         need_logprobs=not recompute)
+        estimator = make_estimator(c.estimator, c.estimator_options, scale=c.advantage_scale,
+                                   eps=c.advantage_eps, context=self.context)
+        plan = plan_grpo(trajectories, need_logprobs=not recompute, estimator=estimator)
         samples = plan.samples
         self._replay_grammars(samples)
         if samples and c.kl_coef > 0:
