@@ -185,9 +185,10 @@ class Note(dspy.Signature):
 
 
 def test_bounded_strings_let_a_looping_model_close_its_json_within_max_tokens(tmp_path):
-    """Free strings are capped (maxLength, the strings sharing 2 x max_tokens characters): a
-    model that would write on inside a string is made to close it, so the answer is complete
-    JSON before max_tokens. Without the caps half the random model's answers are cut open."""
+    """Free strings are capped (maxLength: the tokens left after 6 per key, shared at one
+    character per token): a model that would write on inside a string is made to close it, so
+    the answer is complete JSON before max_tokens. Without the caps half the random model's
+    answers are cut open."""
     import sys
     from pathlib import Path
 
@@ -207,12 +208,12 @@ def test_bounded_strings_let_a_looping_model_close_its_json_within_max_tokens(tm
             call = run_program(lm, dspy.Predict(Note), question="q")
             ok[bound] += call.ok
             if bound:
-                assert len(call.outputs["note"]) <= 48 and len(call.outputs["tag"]) <= 48
+                assert len(call.outputs["note"]) <= 18 and len(call.outputs["tag"]) <= 18
     assert ok[True] == 6 and ok[False] <= 4
     b = Scripted('{"note": "n", "tag": "t"}')
     run_program(proposer_lm({"max_tokens": 48}, backend=b), dspy.Predict(Note), question="q")
     schema = b.requests[0].constraint.json_schema
-    assert [schema["properties"][k]["maxLength"] for k in ("note", "tag")] == [48, 48]
+    assert [schema["properties"][k]["maxLength"] for k in ("note", "tag")] == [18, 18]  # (48-12)/2
 
 
 # --- digest -------------------------------------------------------------------------------------

@@ -112,24 +112,52 @@ def _is_free_string(node: dict[str, Any]) -> bool:
         {"maxLength", "enum", "const"} & set(node))
 
 
+def _is_open_object(node: dict[str, Any]) -> bool:
+    """An object of free keys (`dict[str, X]`): as many keys as a model writes."""
+    return node.get("type") == "object" and not node.get("properties") and \
+        node.get("additionalProperties", True) is not False and "maxProperties" not in node
+
+
+SCALAR = ["string", "number", "boolean", "null"]
+
+
 def bound_strings(schema: Any, max_tokens: int, max_items: int = 8) -> Any:
-    """The schema with every free string capped (`maxLength`) and every array bounded
-    (`maxItems`), so a complete answer fits in about `max_tokens`: the strings share twice
-    that many characters (at least 24 each).
+    """The schema bounded so a complete answer fits in about `max_tokens`: every free string
+    capped (`maxLength`), every array `maxItems`, and every free-key object given scalar values
+    and at most `max_items` keys (free values: scalars only). The strings share the tokens left after about 6 per key, at
+    one character per token (what a model looping on digits writes), at least 16 each.
 
     A grammar only says what may come next; it cannot make a small model stop. A model that
-    loops inside a string ("12345678...") runs into max_tokens with the JSON still open and the
-    answer is lost; with a bound the grammar closes the string and moves on to the next key.
+    loops inside a string ("12345678...") or nests objects in a free-key object
+    ({"type": {"type": ...) runs into max_tokens with the JSON still open and the answer is
+    lost; bounded, the grammar closes the string or object and moves on to the next key.
 
     >>> bound_strings({"type": "object", "properties": {"a": {"type": "string"},
     ...     "b": {"anyOf": [{"type": "string"}, {"type": "null"}]}}}, 100)["properties"]
-    {'a': {'type': 'string', 'maxLength': 100}, 'b': {'anyOf': [{'type': 'string', 'maxLength': 100}, {'type': 'null'}]}}
+    {'a': {'type': 'string', 'maxLength': 44}, 'b': {'anyOf': [{'type': 'string', 'maxLength': 44}, {'type': 'null'}]}}
     """
-    strings: list[int] = []
-    _walk(schema, lambda n: strings.append(1) or n if _is_free_string(n) else n)
-    per = max(24, 2 * max_tokens // max(len(strings), 1))
+    slots: list[int] = []
+    keys: list[int] = []
+
+    def count(n: dict[str, Any]) -> dict[str, Any]:
+        keys.append(len(n.get("properties") or {}))
+        if _is_free_string(n):
+            slots.append(1)
+        elif _is_open_object(n):
+            slots.append(2)
+            keys.append(2)
+        return n
+
+    _walk(schema, count)
+    per = max(16, (max_tokens - 6 * sum(keys)) // max(sum(slots), 1))
 
     def cap(node: dict[str, Any]) -> dict[str, Any]:
+        if _is_open_object(node):
+            # any value (`True`): scalars only, or objects would nest without end
+            values = node.get("additionalProperties", True)
+            if values is True:
+                values = {"type": SCALAR, "maxLength": per}
+            return {**node, "additionalProperties": values, "maxProperties": max_items}
         if _is_free_string(node):
             return {**node, "maxLength": per}
         if node.get("type") == "array" and "maxItems" not in node:
