@@ -12,7 +12,7 @@ from typing import Optional
 import typer
 
 from coevo import cli
-from coevo.cli import DbOption, _cli, _short, _store, harness_app
+from coevo.cli import DbOption, _short, _store, harness_app
 from coevo.terminal import escaped
 
 traces_app = typer.Typer(no_args_is_help=True, help="Imported production traces: import.")
@@ -22,7 +22,6 @@ cli.app.add_typer(splits_app, name="splits")
 
 
 @harness_app.command("import")
-@_cli
 def harness_import(
     openai: Path = typer.Option(..., "--openai", help="A chat-completions request body (JSON)."),
     name: Optional[str] = typer.Option(None, "--name", help="Harness name (default: the file name's stem)."),
@@ -57,7 +56,6 @@ def export_openai(ref: str, out: Path, db: Optional[str]) -> None:
 
 
 @traces_app.command("import")
-@_cli
 def traces_import(
     file: Path = typer.Argument(..., help="OpenAI chat-format JSONL: messages, tools, outcome, feedback."),
     env: str = typer.Option(..., "--env", help="The environment the traces belong to, e.g. jsonl:tasks.jsonl"),
@@ -74,7 +72,6 @@ def traces_import(
 
 
 @splits_app.command("freeze")
-@_cli
 def splits_freeze(
     env: str = typer.Argument(..., help="Environment spec, e.g. jsonl:tasks.jsonl or bfcl:simple_python"),
     out: Path = typer.Option(..., "--out", help="File to write, e.g. validation/NAME.yaml"),
@@ -92,7 +89,6 @@ def splits_freeze(
 
 
 @splits_app.command("check")
-@_cli
 def splits_check(file: Path = typer.Argument(..., help="A frozen split file (validation/NAME.yaml).")) -> None:
     """Exit 1, naming the split, when the environment no longer serves the frozen tasks."""
     from coevo.envs.registry import make_env
