@@ -130,9 +130,12 @@ def main() -> None:
         print(f"{k}: before {sum(b) / len(b):.3f} [{lb:.3f}, {hb:.3f}] -> after "
               f"{sum(a) / len(a):.3f} [{la:.3f}, {ha:.3f}]; paired diff {m:+.3f} "
               f"[{lo:+.3f}, {hi:+.3f}]")
-    if stats:
-        print(f"PPO ratio at each update: mean {sum(s['ratio_mean'] for s in stats) / len(stats):.6f}"
-              f", max |ratio-1| {max(abs(s['ratio_mean'] - 1) for s in stats):.2e}")
+    # A step whose groups all had equal rewards trains nothing (no ratio to report).
+    ratios = [u["ratio_mean"] for u, st in zip(stats, steps) if st.get("updated", True)]
+    if ratios:
+        print(f"PPO ratio at the {len(ratios)} updates ({len(stats) - len(ratios)} steps without "
+              f"signal left out): mean {sum(ratios) / len(ratios):.6f}, max |ratio-1| "
+              f"{max(abs(r - 1) for r in ratios):.2e}")
 
 
 if __name__ == "__main__":
