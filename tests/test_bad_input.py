@@ -384,7 +384,13 @@ def files(t: Path) -> set[str]:
 def test_bad_input_is_one_clear_line_and_changes_nothing(case, template, tmp_path, monkeypatch):
     t = tmp_path / "t"
     t.mkdir()
-    shutil.copy(template, t / "store.db")
+    # SQLite's backup API: the copy holds what is committed, WAL included (a file copy would
+    # miss the pages still in the template's -wal file while a connection keeps it open)
+    src, dst = sqlite3.connect(template), sqlite3.connect(t / "store.db")
+    with dst:
+        src.backup(dst)
+    src.close()
+    dst.close()
     shutil.copytree(REPO / "harnesses", t / "seed" / "harnesses")
     shutil.copytree(REPO / "skills", t / "seed" / "skills")
     shutil.copytree(REPO / "rubrics", t / "seed" / "rubrics")

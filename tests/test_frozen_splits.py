@@ -67,12 +67,15 @@ def test_the_loop_refuses_to_start_on_a_changed_val_set(tmp_path):
     check_frozen(path, tiny_glue.FirstCharEnv(size=12), {"val": 12, "test": None})
     cfg = config(tmp_path, "harness-only", splits={"val_n": 12, "test_n": 6, "frozen": str(path)})
     store, parts = build(tmp_path, cfg, f"sqlite:///{tmp_path / 'loop.db'}")
-    parts = dataclasses.replace(parts, env=EditedEnv(size=12))
+    edited = dataclasses.replace(parts, env=EditedEnv(size=12))
     with pytest.raises(CoevoError, match="splits.val: the content of the val tasks changed"):
-        run_coevolution(cfg, store, parts)
+        run_coevolution(cfg, store, edited)
     assert store.runs() == []  # refused before the run was created
+    run_coevolution(cfg, store, parts)  # on the frozen tasks the run goes ahead
+    rows = len(store.trajectories(cfg.name))
     with pytest.raises(CoevoError, match="splits.val: the content"):  # a resume is checked too
-        run_coevolution(cfg, store, parts, resume=cfg.name)
+        run_coevolution(cfg, store, edited, resume=cfg.name)
+    assert len(store.trajectories(cfg.name)) == rows
     with pytest.raises(CoevoError, match="the run takes 13 val tasks, only 12 are frozen"):
         check_frozen(path, tiny_glue.FirstCharEnv(size=14), {"val": 13})
 
