@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -43,6 +42,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from coevo.artifacts import run_artifacts
 from coevo.envs.base import Environment
 from coevo.errors import CoevoError
 from coevo.executors import AgentAssets, EpisodeJob, LocalExecutor, resolve_env
@@ -71,7 +71,7 @@ class StageConfig(BaseModel):
     sampler: str = "uniform"  # a coevo.rl.sampling.SAMPLERS name: uniform | capability
     sampler_options: dict[str, Any] = Field(default_factory=dict)  # passed to its factory
     checkpoint_every: int = Field(5, ge=1)  # K; the last step is always checkpointed
-    checkpoint_dir: str | None = None  # default: $COEVO_HOME/runs/<run name>/checkpoints
+    checkpoint_dir: str | None = None  # default: beside the store, by run id (coevo/artifacts.py)
 
 
 # --- task sampling: coevo/rl/sampling.py (re-exported: existing imports keep working) ------
@@ -91,10 +91,6 @@ def trajectory_id(run_id: str, round: int, step: int, task_id: str, sample: int)
     """Deterministic trajectory id: a redone step maps onto the rows it already stored."""
     key = f"{run_id}\x00{round}\x00{step}\x00{task_id}\x00{sample}"
     return hashlib.blake2b(key.encode(), digest_size=16).hexdigest()
-
-
-def coevo_home() -> Path:
-    return Path(os.environ.get("COEVO_HOME") or Path.home() / ".coevo").expanduser()
 
 
 # --- logging and results -----------------------------------------------------------------------
@@ -248,8 +244,8 @@ def rl_stage(store: Any, run: str, round: int, env: str | Environment, assets: A
         start = trainer.step_count
         parent_id = parent if parent is not None else (latest.id if latest else None)
     end = start + cfg.steps
-    ckpt_root = (Path(cfg.checkpoint_dir) if cfg.checkpoint_dir
-                 else coevo_home() / "runs" / run_rec.name / "checkpoints")
+    ckpt_root = (Path(cfg.checkpoint_dir) if cfg.checkpoint_dir   # coevo/artifacts.py
+                 else run_artifacts(store.engine.url, run_rec.id) / "checkpoints")
     if sampler is None:
         # Built from the store before any step: a capability-aware sampler reads the earlier
         # rounds' pass rates here, once, so a resumed stage draws the same tasks.
