@@ -106,3 +106,31 @@ def test_the_heartbeat_renews_the_lease(db_url):
         assert later > first and later > T.utcnow()  # past the first expiry, still held
         assert _try_from_another_process(db_url).startswith("ERR run r is being executed")
     store.close()
+
+
+def test_coevo_train_holds_the_lease_and_a_failure_marks_the_run(tmp_path):
+    """`coevo train --resume` of a run another execution holds stops with the one-line lease
+    error before loading anything; a train that dies (a model that cannot load) leaves the run
+    failed with the error and no lease."""
+    import tiny_glue
+    from typer.testing import CliRunner
+
+    from coevo.cli import app
+
+    db = f"sqlite:///{tmp_path / 't.db'}"
+    store = Store.open(db)
+    store.put_asset(tiny_glue.tiny_harness())
+    store.create_run("t")
+    store.start_round("t", 0)
+    args = ["train", "--harness", "tiny", "--env", "tiny_glue:FirstCharEnv", "--run", "t",
+            "--resume", "--model", f"hf:{tmp_path / 'no-model'}", "--db", db]
+    with store.executing("t"):
+        res = CliRunner().invoke(app, args)
+    assert res.exit_code == 1
+    assert res.output.strip().splitlines()[-1].startswith(
+        f"error: run t is being executed by pid {os.getpid()} on host")
+    res = CliRunner().invoke(app, args)  # now it runs, and fails loading the model
+    assert res.exit_code == 1
+    rec = store.get_run("t")
+    assert rec.status == "failed" and "no-model" in rec.error and store.lease_holder("t") is None
+    store.close()

@@ -72,7 +72,10 @@ class Lease:
         self.store, self.run_id, self.token, self.ttl, self._conn = store, run_id, token, ttl, conn
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name=f"lease-{run_id[:8]}", daemon=True)
-        self._thread.start()
+        # An in-memory SQLite database is one connection's own (another thread would open an
+        # empty one, another process cannot see it): nothing to renew against.
+        if store.engine.url.database not in (None, "", ":memory:"):
+            self._thread.start()
 
     def _beat(self) -> None:
         while not self._stop.wait(self.ttl / 4):
@@ -87,7 +90,8 @@ class Lease:
         if self._stop.is_set():
             return
         self._stop.set()
-        self._thread.join()
+        if self._thread.is_alive():
+            self._thread.join()
         try:
             self.store._drop_lease(self.run_id, self.token)
         finally:
