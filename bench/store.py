@@ -116,7 +116,18 @@ def main() -> int:
         assert [r.hash for r in anc] == [h.hash for h in reversed(chain[:-1])]
         anc_ms = median_ms(lambda: store.ancestors(chain[-1].hash))
         desc_ms = median_ms(lambda: store.descendants(chain[0].hash))
-        size = Path(tmp, "bench.db").stat().st_size if not args.url else 0
+        size = 0
+        if not args.url:
+            # Fold the WAL into the database file first: before that, the newest pages live in
+            # bench.db-wal and the main file alone understates the store (2.6 vs 5.0 MB once).
+            raw = store.engine.raw_connection()  # outside any transaction (autocommit)
+            try:
+                busy, _, _ = raw.cursor().execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+                assert busy == 0, "the WAL checkpoint could not complete"
+            finally:
+                raw.close()
+            wal = Path(tmp, "bench.db-wal")
+            size = Path(tmp, "bench.db").stat().st_size + (wal.stat().st_size if wal.exists() else 0)
         store.close()
 
     ok = rate >= TARGET_ROWS_PER_S and max(q_ms, anc_ms, desc_ms) < TARGET_MS
@@ -128,7 +139,7 @@ def main() -> int:
     print(f"machine: {os.cpu_count()} cores, load average {load:.1f} (a loaded machine "
           "slows the wall-clock figures)")
     if size:
-        print(f"database file: {size / 1e6:.1f} MB ({size / len(trajs) / 1e3:.2f} kB/trajectory)")
+        print(f"database file after a WAL checkpoint: {size / 1e6:.1f} MB ({size / len(trajs) / 1e3:.2f} kB/trajectory)")
     print(f"trajectories of one harness version ({per} rows, decoded): {q_ms:.1f} ms")
     print(f"ancestors of a version in a chain of {len(chain)}: {anc_ms:.1f} ms")
     print(f"descendants of the chain's root: {desc_ms:.1f} ms  (target < {TARGET_MS:.0f} ms)")

@@ -304,7 +304,7 @@ def run_view(store: Store, run: str) -> Group:
     rec = _run(store, run)
     rows = round_rows(store, rec)
     head = Text.assemble((safe(rec.name), "bold"), f"  id {rec.id}  mode {safe(rec.mode)}  status ",
-                         (rec.status, "bold"))
+                         (rec.status, "bold"), f"  error: {safe(rec.error)}" if rec.error else "")
 
     rt = Table(title="rounds")
     for col in ("round", "status", "val", "test", "harness", "skill_library", "rubric",

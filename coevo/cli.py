@@ -339,46 +339,48 @@ def train_cmd(
         rec = store.create_run(name, config=settings.model_dump(), mode="weight-only")
         store.start_round(rec.id, 0)
     env, model, steps = settings.env, settings.model, settings.steps
-    with console.status(f"loading {escaped(model)}"):
-        backend = load_backend(model)
-    lora = LoraSettings(rank=settings.lora_rank, alpha=2.0 * settings.lora_rank)
-    trainer = Trainer(backend.model, TrainConfig(lr=settings.lr, lora=lora, seed=settings.seed,
-                                                 warmup_steps=settings.warmup_steps),
-                      base_model=model, tokenizer=backend.tokenizer)
-    cfg = StageConfig(steps=steps, tasks_per_step=settings.tasks_per_step,
-                      samples=settings.group_size, seed=settings.seed,
-                      checkpoint_every=settings.checkpoint_every)
-    from coevo.executors import LocalExecutor, make_executor
+    with store.executing(rec.id):  # the run's lease; an error marks the run failed
+        store.set_run_status(rec.id, "running")
+        with console.status(f"loading {escaped(model)}"):
+            backend = load_backend(model)
+        lora = LoraSettings(rank=settings.lora_rank, alpha=2.0 * settings.lora_rank)
+        trainer = Trainer(backend.model, TrainConfig(lr=settings.lr, lora=lora, seed=settings.seed,
+                                                     warmup_steps=settings.warmup_steps),
+                          base_model=model, tokenizer=backend.tokenizer)
+        cfg = StageConfig(steps=steps, tasks_per_step=settings.tasks_per_step,
+                          samples=settings.group_size, seed=settings.seed,
+                          checkpoint_every=settings.checkpoint_every)
+        from coevo.executors import LocalExecutor, make_executor
 
-    remote = None
-    if executor != "local":
-        remote = make_executor(executor, backend=rollout_model or model, num_actors=actors,
-                               judge=model)
-    elif rollout_model:
-        remote = LocalExecutor(load_backend(rollout_model), judge=backend)
-    cols = (TextColumn("[bold]RL[/bold]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TextColumn("{task.fields[info]}"))
-    with Progress(*cols, console=console) as bar:
-        task = bar.add_task("rl", total=steps, info="")
+        remote = None
+        if executor != "local":
+            remote = make_executor(executor, backend=rollout_model or model, num_actors=actors,
+                                   judge=model)
+        elif rollout_model:
+            remote = LocalExecutor(load_backend(rollout_model), judge=backend)
+        cols = (TextColumn("[bold]RL[/bold]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                TextColumn("{task.fields[info]}"))
+        with Progress(*cols, console=console) as bar:
+            task = bar.add_task("rl", total=steps, info="")
 
-        def on_step(log) -> None:
-            bar.update(task, completed=log.index, info=(
-                f"reward {log.reward_mean:.3f} signal {log.signal_fraction:.2f} loss {log.loss:+.4f} "
-                f"kl {log.kl:.4f} {log.rollout_tokens_per_s:.0f} tok/s"))
-            bar.console.print(f"step {log.step}: reward {log.reward_mean:.3f}, signal {log.signal_fraction:.2f}, "
-                              f"loss {log.loss:+.4f}, kl {log.kl:.4f}, rollout {log.rollout_tokens_per_s:.0f} tok/s, "
-                              f"train {log.train_tokens_per_s:.0f} tok/s"
-                              + (f", checkpoint {log.checkpoint[:12]}" if log.checkpoint else ""), highlight=False)
+            def on_step(log) -> None:
+                bar.update(task, completed=log.index, info=(
+                    f"reward {log.reward_mean:.3f} signal {log.signal_fraction:.2f} loss {log.loss:+.4f} "
+                    f"kl {log.kl:.4f} {log.rollout_tokens_per_s:.0f} tok/s"))
+                bar.console.print(f"step {log.step}: reward {log.reward_mean:.3f}, signal {log.signal_fraction:.2f}, "
+                                  f"loss {log.loss:+.4f}, kl {log.kl:.4f}, rollout {log.rollout_tokens_per_s:.0f} tok/s, "
+                                  f"train {log.train_tokens_per_s:.0f} tok/s"
+                                  + (f", checkpoint {log.checkpoint[:12]}" if log.checkpoint else ""), highlight=False)
 
-        result = rl_stage(store, rec.id, 0, env, assets, trainer, cfg, tokenizer=backend.tokenizer,
-                          resume=resume, on_step=on_step, executor=remote, judge=backend)
-    if remote is not None:
-        remote.close()
-    store.finish_round(rec.id, 0, summary={"rl": result.model_dump(mode="json")})
-    console.print(f"run {escaped(name)}: steps {result.start_step}..{result.end_step}, checkpoint {result.checkpoint}; "
-                  f"evaluate with: coevo eval --harness {assets.harness.hash[:12]} --env {escaped(env)} "
-                  f"--checkpoint {result.checkpoint}",
-                  highlight=False)
+            result = rl_stage(store, rec.id, 0, env, assets, trainer, cfg, tokenizer=backend.tokenizer,
+                              resume=resume, on_step=on_step, executor=remote, judge=backend)
+        if remote is not None:
+            remote.close()
+        store.finish_round(rec.id, 0, summary={"rl": result.model_dump(mode="json")})
+        store.set_run_status(rec.id, "done")
+        console.print(f"run {escaped(name)}: steps {result.start_step}..{result.end_step}, checkpoint {result.checkpoint}; "
+                      f"evaluate with: coevo eval --harness {assets.harness.hash[:12]} --env {escaped(env)} "
+                      f"--checkpoint {result.checkpoint}", highlight=False)
 
 
 def eval_table(result) -> Table:

@@ -38,10 +38,12 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from coevo.artifacts import artifacts_root, check_writable
 from coevo.assets.base import diff as asset_diff
 from coevo.config import RunConfig
 from coevo.errors import CoevoError
@@ -104,11 +106,12 @@ def preflight(cfg: RunConfig, store: Any, resume: str | None) -> None:
     (or, resuming, the run exists) and checkpoints can be written where the config says."""
     if resume is None:
         try:
-            store.get_run(cfg.name)
+            old = store.get_run(cfg.name)
         except CoevoError:
             pass
         else:
-            raise CoevoError(f"a run named {cfg.name!r} already exists; continue it with "
+            why = f" (it failed: {old.error})" if old.status == "failed" and old.error else ""
+            raise CoevoError(f"a run named {cfg.name!r} already exists{why}; continue it with "
                              f"--resume {cfg.name} or choose another name")
     else:
         store.get_run(resume)
@@ -189,28 +192,31 @@ def run_coevolution(cfg: RunConfig, store: Any, parts: Parts | None = None, *,
     docstring. Returns every round's summary, the final incumbent and the test evaluation."""
     preflight(cfg, store, resume)
     parts = parts or build_parts(cfg)
-    run, incumbent, start = open_run(cfg, store, parts, resume, progress or log.info)
-    for r in range(start, cfg.rounds):
-        begin_round(run, r)
-        if r == 0:
-            track_val(run, r, incumbent, "val_start")              # the seed, before any change
-        incumbent, approved = review_step(run, r, incumbent)      # gate.human_review only
-        kill_point(f"after_reviews:{r}")
-        incumbent = rl_step(run, r, incumbent)                     # C, held fixed from here on
-        kill_point(f"after_rl:{r}")
-        trajs = run.store.trajectories(run.id, round=r, split="train")
-        cands = propose_step(run, r, incumbent, trajs)              # [(proposal id, Candidate)]
-        kill_point(f"after_proposals:{r}")
-        accepted = gate_step(run, r, incumbent, cands)              # decisions stored
-        kill_point(f"after_decisions:{r}")
-        for cand in accepted:
-            incumbent = incumbent.with_candidate(cand)
-        stop = end_round(run, r, incumbent, approved + accepted)
-        kill_point(f"after_round:{r}")
-        if stop:
-            break
-    kill_point("before_final")
-    final = final_step(run, incumbent)
+    check_runnable(cfg, parts, store)                              # before any row is written
+    rec = find_or_create_run(cfg, store, parts, resume)
+    with store.executing(rec.id):                  # the run's lease; an error marks it failed
+        run, incumbent, start = open_run(cfg, store, parts, rec, resume, progress or log.info)
+        for r in range(start, cfg.rounds):
+            begin_round(run, r)
+            if r == 0:
+                track_val(run, r, incumbent, "val_start")          # the seed, before any change
+            incumbent, approved = review_step(run, r, incumbent)  # gate.human_review only
+            kill_point(f"after_reviews:{r}")
+            incumbent = rl_step(run, r, incumbent)                 # C, held fixed from here on
+            kill_point(f"after_rl:{r}")
+            trajs = run.store.trajectories(run.id, round=r, split="train")
+            cands = propose_step(run, r, incumbent, trajs)          # [(proposal id, Candidate)]
+            kill_point(f"after_proposals:{r}")
+            accepted = gate_step(run, r, incumbent, cands)          # decisions stored
+            kill_point(f"after_decisions:{r}")
+            for cand in accepted:
+                incumbent = incumbent.with_candidate(cand)
+            stop = end_round(run, r, incumbent, approved + accepted)
+            kill_point(f"after_round:{r}")
+            if stop:
+                break
+        kill_point("before_final")
+        final = final_step(run, incumbent)
     return RunResult(run=run.id, name=cfg.name, rounds=[x.summary for x in store.rounds(run.id)],
                      incumbent=incumbent.hashes(), final=final)
 
@@ -218,26 +224,51 @@ def run_coevolution(cfg: RunConfig, store: Any, parts: Parts | None = None, *,
 # --- run and round bookkeeping -------------------------------------------------------------------
 
 
-def open_run(cfg: RunConfig, store: Any, parts: Parts, resume: str | None,
-             progress: Callable[[str], None]) -> tuple[_Run, Incumbent, int]:
-    """Create the run (or find it for resume); return the state, the incumbent the first
-    round to run starts from, and that round's index."""
+def check_runnable(cfg: RunConfig, parts: Parts, store: Any) -> None:
+    """What can fail before the run exists, checked before it does: a split the mode needs
+    has no tasks, the checkpoint folder cannot be written. (A run created and then failing on
+    these would be left half-written under a name only a resume could reuse.)"""
+    mode, env = MODES[cfg.mode], parts.env
+    needs = {"train": mode.train or mode.propose, "val": mode.gated and mode.propose
+             or cfg.splits.track_val, "test": cfg.final_test}
+    for split, needed in needs.items():
+        if needed and next(iter(env.tasks(split, 1)), None) is None:
+            raise CoevoError(f"env {cfg.env}: the {split} split has no tasks "
+                             f"(mode {cfg.mode} needs it)")
+    if mode.train:
+        folder = cfg.rl.stage.checkpoint_dir
+        check_writable(Path(folder) if folder else artifacts_root(store.engine.url),
+                       "rl.stage.checkpoint_dir" if folder else "the store's artifacts folder")
+
+
+def find_or_create_run(cfg: RunConfig, store: Any, parts: Parts, resume: str | None) -> Any:
+    """The run to execute: `resume`'s (its config may differ from `cfg` only in
+    _RESUMABLE_CHANGES), else a new run named `cfg.name` (an existing name is an error)."""
     dump = cfg.model_dump(mode="json")
     if cfg.splits.frozen:  # before anything is stored: a changed benchmark is not the same val set
         check_frozen(cfg.splits.frozen, parts.env, {"val": cfg.splits.val_n, "test": cfg.splits.test_n})
     if resume is None:
         seed = seed_incumbent(cfg, store)
-        rec = store.create_run(cfg.name, config={"config": dump, "seed": seed.hashes()},
-                               mode=cfg.mode, status="running")
-    else:
-        rec = store.get_run(resume)
-        stored = with_defaults(rec.config.get("config", {}))
-        changed = sorted(k for k in dump.keys() | stored.keys()
-                         if dump.get(k) != stored.get(k) and k not in _RESUMABLE_CHANGES)
-        if changed:
-            raise CoevoError(f"resume {rec.name}: the config differs from the run's in "
-                             f"{', '.join(changed)} (only {', '.join(sorted(_RESUMABLE_CHANGES))} "
-                             "may change)")
+        return store.create_run(cfg.name, config={"config": dump, "seed": seed.hashes()},
+                                mode=cfg.mode, status="running")
+    rec = store.get_run(resume)
+    stored = with_defaults(rec.config.get("config", {}))
+    changed = sorted(k for k in dump.keys() | stored.keys()
+                     if dump.get(k) != stored.get(k) and k not in _RESUMABLE_CHANGES)
+    if changed:
+        raise CoevoError(f"resume {rec.name}: the config differs from the run's in "
+                         f"{', '.join(changed)} (only {', '.join(sorted(_RESUMABLE_CHANGES))} "
+                         "may change)")
+    return rec
+
+
+def open_run(cfg: RunConfig, store: Any, parts: Parts, rec: Any, resume: str | None,
+             progress: Callable[[str], None]) -> tuple[_Run, Incumbent, int]:
+    """Enter the leased run: the state, the incumbent the first round to run starts from, and
+    that round's index. A resumed run (a failed one too) is `running` again."""
+    if resume is not None:
+        if rec.status == "failed":
+            progress(f"resuming run {rec.name}, which failed: {rec.error}")
         store.set_run_status(rec.id, "running")
     env = parts.env
     val = list(env.tasks("val", cfg.splits.val_n))

@@ -6,6 +6,7 @@ on PostgreSQL."""
 from __future__ import annotations
 
 import json
+import os
 import tomllib
 from datetime import datetime, timezone
 from fnmatch import fnmatch
@@ -46,15 +47,15 @@ def test_blank_database_migrates_to_the_orm_schema(db_url):
 
 
 def test_schema_checker_sees_a_difference(db_url):
-    """The comparison above can fail: stopping at 0001 leaves the budget ledger (and the
-    reviews of 0007) missing."""
+    """The comparison above can fail: stopping at 0001 leaves the budget ledger (and the later
+    run leases and reviews) missing."""
     store = Store(make_engine(db_url))
     store.upgrade("0001")
     with store.engine.connect() as conn:
         diffs = compare_metadata(MigrationContext.configure(conn), Base.metadata)
     added = {d[1].name for d in diffs if d[0] == "add_table"}
     indexes = {d[1].name for d in diffs if d[0] == "add_index"}
-    assert added == {"budgets", "reviews"}
+    assert added == {"budgets", "run_leases", "reviews"}
     assert {"ix_trajectories_harness_hash", "ix_proposals_run_id_status"} <= indexes
     store.close()
 
@@ -225,4 +226,28 @@ def test_upgrade_from_0004_adds_policy_step_and_keeps_trajectories(db_url):
     assert t.policy_step is None and t.logprobs == [0.0, -0.5]
     store.add_trajectories([t.model_copy(update={"id": "t2", "policy_step": 7})])
     assert store.trajectories(ids=["t2"])[0].policy_step == 7
+    store.close()
+
+
+def test_upgrade_from_0005_adds_run_leases_and_run_errors(db_url):
+    """Revision 0006: a run stored before it reads back with no error and no lease holder; it
+    can then be leased (one holder at a time) and marked failed with its error."""
+    old = Store(make_engine(db_url))
+    old.upgrade("0005")
+    now = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    with old.engine.begin() as conn:
+        _insert(conn, "runs", id="r1", name="old", config=json.dumps({}), mode="gated",
+                status="running", created_at=now, updated_at=now)
+        assert "run_leases" not in sa.inspect(conn).get_table_names()
+    old.close()
+    store = Store.open(db_url)
+    assert store.current_revision() == HEAD
+    rec = store.get_run("old")
+    assert (rec.status, rec.error, store.lease_holder("old")) == ("running", None, None)
+    with pytest.raises(RuntimeError):
+        with store.executing("old"):
+            assert store.lease_holder("old")["pid"] == os.getpid()
+            raise RuntimeError("boom")
+    rec = store.get_run("old")
+    assert (rec.status, rec.error, store.lease_holder("old")) == ("failed", "RuntimeError: boom", None)
     store.close()

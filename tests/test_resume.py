@@ -2,9 +2,14 @@
 RL stage, after the proposals, inside the gate after an arm evaluation or a candidate's
 comparison, ...) or at a random wall-clock moment, then resumed; EVERY stored row (assets, runs,
 rounds with their summaries, checkpoints, trajectories, evaluations and their results,
-proposals, decisions, evidence, budget charges) equals an uninterrupted run's, up to the
-values that cannot repeat: generated ids (mapped to what they identify), timestamps, paths
-and measured seconds."""
+proposals, decisions, evidence, budget charges, run leases) equals an uninterrupted run's, up
+to the values that cannot repeat: generated ids (mapped to what they identify), timestamps,
+paths, checkpoint file digests, measured seconds (and the `seconds` budget charges); see
+VOLATILE and snapshot(). One test kills a run and then each of its resumes ten times over.
+
+Two processes: a second process on a run that another executes is refused with the lease
+error and stores nothing; two different runs in one store at once both finish (SQLite, and
+PostgreSQL with COEVO_TEST_PG_URL)."""
 
 from __future__ import annotations
 
@@ -22,39 +27,50 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from coevo.errors import NotFound
 from coevo.store import Store
 from coevo.store.tables import Base
 
 TESTS = Path(__file__).resolve().parent
 
 SCRIPT = """
-import sys
+import os, sys, time
 sys.path.insert(0, {tests!r})
 import test_loop
 from coevo.errors import NotFound
 from coevo.loop import run_coevolution
-tmp, url = sys.argv[1], sys.argv[2]
-cfg = test_loop.config(tmp, "gated", rounds=2, name="crash")
+tmp, url, name = sys.argv[1], sys.argv[2], sys.argv[3]
+cfg = test_loop.config(tmp, "gated", rounds=2, name=name)
 store, parts = test_loop.build(tmp, cfg, url)
+slow = float(os.environ.get("COEVO_TEST_SLOW_PROPOSER", 0))
+if slow:  # a proposer whose first call takes `slow` seconds: the run holds its lease that long
+    proposer, calls = parts.proposers[0], []
+    def propose(ctx, _inner=proposer.propose):
+        if not calls:
+            time.sleep(slow)
+        calls.append(1)
+        return _inner(ctx)
+    proposer.propose = propose
 try:
-    store.get_run("crash")
+    store.get_run(name)
 except NotFound:  # killed before the run was created: start it (what a user would do)
     resume = None
 else:
-    resume = "crash"
+    resume = name
 run_coevolution(cfg, store, parts, resume=resume)
 """
 
 
-def _cmd(tmp: Path, url: str) -> list[str]:
-    return [sys.executable, "-c", SCRIPT.format(tests=str(TESTS)), str(tmp), url]
+def _cmd(tmp: Path, url: str, name: str = "crash") -> list[str]:
+    return [sys.executable, "-c", SCRIPT.format(tests=str(TESTS)), str(tmp), url, name]
 
 
-def _env(kill_at: str | None = None) -> dict[str, str]:
+def _env(kill_at: str | None = None, slow_proposer: float = 0) -> dict[str, str]:
     env = dict(os.environ)
     env.pop("COEVO_TEST_KILL_AT", None)
     if kill_at:
         env["COEVO_TEST_KILL_AT"] = kill_at
+    env["COEVO_TEST_SLOW_PROPOSER"] = str(slow_proposer)
     return env
 
 
@@ -130,9 +146,9 @@ def snapshot(url: str, tmp: Path) -> dict[str, list[str]]:
     return out
 
 
-def decisions(url: str) -> list[tuple]:
+def decisions(url: str, name: str = "crash") -> list[tuple]:
     store = Store.open(url)
-    run = store.get_run("crash")
+    run = store.get_run(name)
     out = sorted((p.round, p.rationale, p.status, d.accepted, d.policy, d.reason)
                  for p in store.proposals(run=run.id) for d in store.decisions(p.id))
     store.close()
@@ -141,15 +157,34 @@ def decisions(url: str) -> list[tuple]:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
+    """(snapshot, decisions, wall seconds, seconds until the run's lease was taken, seconds
+    it was held) of the uninterrupted run."""
     tmp = tmp_path_factory.mktemp("ref")
     url = f"sqlite:///{tmp / 'ref.db'}"
+    times = timed_run(tmp, url)
+    return (snapshot(url, tmp), decisions(url), *times)
+
+
+def timed_run(tmp: Path, url: str) -> tuple[float, float, float]:
+    """Run to the end; (wall seconds, seconds until the process held the run's lease: module
+    imports, model building, run creation; seconds it held the lease: the loop's work)."""
     t0 = time.perf_counter()
-    assert _run(tmp, url) == 0
-    return snapshot(url, tmp), decisions(url), time.perf_counter() - t0
+    proc = subprocess.Popen(_cmd(tmp, url), env=_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    assert _wait_for_lease(url, "crash", proc) is not None, proc.communicate()[1].decode()[-3000:]
+    startup = time.perf_counter() - t0
+    store = Store.open(url)
+    while proc.poll() is None and store.lease_holder("crash") is not None:
+        time.sleep(0.05)
+    store.close()
+    work = time.perf_counter() - t0 - startup
+    _, err = proc.communicate(timeout=900)
+    assert proc.returncode == 0, err.decode()[-3000:]
+    return time.perf_counter() - t0, startup, work
 
 
 def _check(reference, url: str, tmp: Path) -> None:
-    want, want_decisions, _ = reference
+    want, want_decisions = reference[:2]
     got = snapshot(url, tmp)
     for table in want:
         assert got[table] == want[table], f"table {table} differs after the crash and resume"
@@ -193,3 +228,126 @@ def test_kill_at_random_moments_then_resume_equals_uninterrupted(reference, tmp_
         assert _run(tmp, url) == 0
         _check(reference, url, tmp)
     assert killed >= 8  # most moments fell inside the run, not after it
+
+
+def stored_rows(url: str) -> int:
+    """Rows in every coevo table (0 before the run created its store)."""
+    store = Store.open(url)
+    with store.engine.connect() as conn:
+        n = sum(conn.execute(sa.select(sa.func.count()).select_from(t)).scalar_one()
+                for t in Base.metadata.sorted_tables)
+    store.close()
+    return n
+
+
+def kill_chain(tmp: Path, url: str, moments: list[tuple[str, float]], kills: int) -> list[int]:
+    """Start the run and SIGKILL it at `moments[0]`, then resume it and kill the resume at
+    `moments[1]`, and so on, until `kills` processes were killed. A moment ("start", s) is s
+    seconds after the process started (imports, model building, run creation); ("lease", s)
+    is s seconds after it took the run's lease (the loop's work), so that on a machine of any
+    load a kill lands in the work, not always in the imports. Returns the rows stored after
+    each kill (a process that finished before its moment adds no entry). The caller resumes
+    once more, to the end."""
+    rows: list[int] = []
+    for origin, seconds in moments:
+        if len(rows) >= kills:
+            break
+        proc = subprocess.Popen(_cmd(tmp, url), env=_env(), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE)
+        try:
+            if origin == "lease":
+                _wait_for_lease(url, "crash", proc)
+            _, err = proc.communicate(timeout=seconds)
+            assert proc.returncode == 0, err.decode()[-3000:]
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            rows.append(stored_rows(url))
+    return rows
+
+
+def random_moments(seed: int, n: int, startup: float, work: float) -> list[tuple[str, float]]:
+    """The seeded kill moments: the first in the start-up, the rest 20-100% of the time the
+    uninterrupted run held its lease after a resume took it (a resume first redoes the
+    uncommitted part of what it was killed in, an RL step or an evaluation, before it stores
+    anything new; a later moment can fall after the run finished)."""
+    rng = random.Random(seed)
+    return [("start", startup * rng.uniform(0.2, 0.7))] + [
+        ("lease", work * rng.uniform(0.2, 1.0)) for _ in range(n - 1)]
+
+
+def test_random_kills_of_a_run_and_of_its_resumes_then_resume_equals_uninterrupted(
+        reference, tmp_path):
+    """Ten SIGKILLs at seeded random wall-clock moments of ONE run: the run itself is killed,
+    then each resume of it, nine times (a kill can land anywhere: a module import, the RL
+    stage, a checkpoint write, an evaluation, a store transaction, the final test); the last
+    resume finishes and every table equals the uninterrupted run's."""
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    rows = kill_chain(tmp_path, url, random_moments(15, 24, *reference[3:5]), kills=10)
+    print("rows stored after each kill:", rows)
+    assert len(rows) == 10
+    assert rows[0] < max(rows)  # one kill before the run had stored much, others later
+    assert _run(tmp_path, url) == 0
+    _check(reference, url, tmp_path)
+
+
+def _wait_for_lease(url: str, name: str, proc: subprocess.Popen) -> dict | None:
+    """Wait until `proc` holds run `name`'s lease (a killed predecessor's row may still be
+    there); the holder, or None when `proc` ended first."""
+    store = Store.open(url)
+    try:
+        for _ in range(6000):
+            if proc.poll() is not None:
+                return None
+            try:
+                holder = store.lease_holder(name)
+            except NotFound:  # the run is not created yet
+                holder = None
+            if holder is not None and holder["pid"] == proc.pid:
+                return holder
+            time.sleep(0.05)
+    finally:
+        store.close()
+    raise AssertionError(f"process {proc.pid} never took the lease of run {name}")
+
+
+def test_a_second_process_on_the_same_run_is_refused_and_stores_nothing(reference, db_url,
+                                                                        tmp_path):
+    (tmp_path / "a").mkdir()
+    # The first process holds the lease for a minute at least (its proposer is slow), time
+    # for the second to start up and reach the lease.
+    first = subprocess.Popen(_cmd(tmp_path / "a", db_url), env=_env(slow_proposer=60),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    assert _wait_for_lease(db_url, "crash", first) is not None
+    second = subprocess.run(_cmd(tmp_path / "a", db_url), env=_env(), capture_output=True,
+                            text=True, timeout=600)  # the same config, hence the same folder
+    last = second.stderr.strip().splitlines()[-1]
+    assert second.returncode == 1 and re.search(
+        rf"CoevoError: run crash is being executed by pid {first.pid} on host \S+ since "
+        r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC$", last), second.stderr[-3000:]
+    _, err = first.communicate(timeout=600)
+    assert first.returncode == 0, err.decode()[-3000:]
+    want, want_decisions = reference[:2]
+    got = snapshot(db_url, tmp_path / "a")
+    for table in want:  # exactly the uninterrupted run: the refused process wrote nothing
+        assert got[table] == want[table], f"table {table} differs"
+    assert decisions(db_url) == want_decisions
+
+
+def test_two_different_runs_at_once_both_complete(reference, db_url, tmp_path):
+    procs = []
+    for name in ("crash", "other"):
+        (tmp_path / name).mkdir()
+        procs.append(subprocess.Popen(_cmd(tmp_path / name, db_url, name), env=_env(),
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+    for p in procs:
+        _, err = p.communicate(timeout=900)
+        assert p.returncode == 0, err.decode()[-3000:]
+    store = Store.open(db_url)
+    assert [(r.name, r.status) for r in store.runs()] in (
+        [("crash", "done"), ("other", "done")], [("other", "done"), ("crash", "done")])
+    n = {r.name: (len(store.trajectories(run=r.id)), len(store.proposals(run=r.id)),
+                  len(store.rounds(r.id))) for r in store.runs()}
+    store.close()
+    assert n["crash"] == n["other"]
+    assert decisions(db_url, "crash") == decisions(db_url, "other") == reference[1]

@@ -61,14 +61,13 @@ def test_stage_trains_stores_trajectories_and_checkpoints(tiny_dir, tmp_path):
     after = params(trainer)
     assert any(not torch.equal(before[n], after[n]) for n in before if "lora_B" in n)
 
-    # checkpoints at steps 2 and 3 (the last step), under COEVO_HOME/runs/<run>/checkpoints
+    # checkpoints at steps 2 and 3 (the last step), beside the store: s.artifacts/<run id>/
     c2, c3 = (store.get_checkpoint(i) for i in res.checkpoints)
     assert (c2.step, c3.step) == (2, 3) and c3.parent == c2.id and c2.parent is None
     assert res.checkpoint == c3.id and store.latest_checkpoint("r").id == c3.id
-    import os
-    home = Path(os.environ["COEVO_HOME"])
+    run_id = store.get_run("r").id
     for c in (c2, c3):
-        assert Path(c.path) == home / "runs" / "r" / "checkpoints" / f"step-{c.step}"
+        assert Path(c.path) == tmp_path / "s.artifacts" / run_id / "checkpoints" / f"step-{c.step}"
         assert c.sha256 == file_sha256(Path(c.path) / "adapter_model.safetensors")
         assert c.harness == ASSETS.harness.hash and c.base_model == "tiny" and c.round == 0
     assert c2.sha256 != c3.sha256

@@ -409,3 +409,43 @@ def test_a_name_never_resolves_to_a_candidate_the_gate_did_not_accept(tmp_path):
                               status="pending")
     store.set_proposal_status(pid2, "accepted")
     assert store.get_asset("harness", "h").hash == good.hash
+
+
+RACE = """
+import sys, time
+from coevo.assets.skill import Skill, SkillLibrary, SkillRef
+from coevo.store import Store
+url, start = sys.argv[1], float(sys.argv[2])
+store = Store.open(url)
+skills = [Skill(name=f"s{i}", description=f"skill {i}", body=f"do {i}") for i in range(30)]
+while time.time() < start:  # both processes begin together
+    time.sleep(0.001)
+for skill in skills:  # one transaction each, in the same order: the two collide on every one
+    store.put_asset(skill)
+store.put_asset(SkillLibrary(name="lib", skills=[SkillRef(name=s.name, hash=s.hash) for s in skills]))
+print("OK")
+"""
+
+
+def test_two_processes_storing_the_same_versions_both_succeed(db_url):
+    """Content-addressed inserts are idempotent under concurrency: two processes storing the
+    same 31 versions at once (on PostgreSQL both pass the existence check, then collide on the
+    unique hash) both finish, and each version is stored once with its library's members."""
+    import subprocess
+    import sys
+    import time
+
+    Store.open(db_url).close()  # migrated before the race
+    start = time.time() + 8
+    procs = [subprocess.Popen([sys.executable, "-c", RACE, db_url, str(start)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert (p.returncode, out.strip()) == (0, "OK"), err[-2000:]
+    store = Store.open(db_url)
+    assert count(store, T.AssetVersion) == 31
+    assert count(store, T.SkillLibraryMember) == 30
+    members = store.get_library(store.resolve("skill_library", "lib").hash)[1]
+    assert sorted(s.name for s in members) == sorted(f"s{i}" for i in range(30))
+    store.close()

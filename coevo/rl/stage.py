@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -45,6 +44,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from coevo.artifacts import run_artifacts
 from coevo.envs.base import Environment
 from coevo.errors import CoevoError
 from coevo.executors import AgentAssets, EpisodeJob, LocalExecutor, resolve_env
@@ -79,7 +79,7 @@ class StageConfig(BaseModel):
     temperature: str = "fixed"
     temperature_options: dict[str, Any] = Field(default_factory=dict)
     checkpoint_every: int = Field(5, ge=1)  # K; the last step is always checkpointed
-    checkpoint_dir: str | None = None  # default: $COEVO_HOME/runs/<run name>/checkpoints
+    checkpoint_dir: str | None = None  # default: beside the store, by run id (coevo/artifacts.py)
 
     _known_temperature, _temperature_options = choice_validators(
         TEMPERATURES, "temperature", "temperature_options")
@@ -116,10 +116,6 @@ def check_checkpoint_dir(path: str | Path, field: str = "rl.stage.checkpoint_dir
     except OSError as e:
         raise CoevoError(f"{field}: cannot write checkpoints under {path}: "
                          f"{e.strerror or e}") from None
-
-
-def coevo_home() -> Path:
-    return Path(os.environ.get("COEVO_HOME") or Path.home() / ".coevo").expanduser()
 
 
 # --- logging and results -----------------------------------------------------------------------
@@ -275,8 +271,8 @@ def rl_stage(store: Any, run: str, round: int, env: str | Environment, assets: A
         start = trainer.step_count
         parent_id = parent if parent is not None else (latest.id if latest else None)
     end = start + cfg.steps
-    ckpt_root = (Path(cfg.checkpoint_dir) if cfg.checkpoint_dir
-                 else coevo_home() / "runs" / run_rec.name / "checkpoints")
+    ckpt_root = (Path(cfg.checkpoint_dir) if cfg.checkpoint_dir   # coevo/artifacts.py
+                 else run_artifacts(store.engine.url, run_rec.id) / "checkpoints")
     if sampler is None:
         # Built from the store before any step: a capability-aware sampler reads the earlier
         # rounds' pass rates here, once, so a resumed stage draws the same tasks.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -47,14 +48,26 @@ class AssetStore(StoreBase):
                     sa.select(av.c.seq).where(av.c.hash == asset.parent)).first():
                 raise NotFound(f"{asset.kind} {asset.name!r}: parent {asset.parent[:12]} is not "
                                "in the store; put the parent version first")
-            s.execute(sa.insert(av), [{"hash": h, "kind": asset.kind, "name": asset.name,
-                                       "parent_hash": asset.parent, "content": asset.content(),
-                                       "created_at": T.utcnow()}])
-            if members:
+            # Insert-or-ignore: another process may store the same content between the check
+            # above and this insert (PostgreSQL's READ COMMITTED lets both pass the check); the
+            # loser's insert waits for the winner's commit and then does nothing, and the
+            # winner's transaction has written the members too.
+            inserted = s.execute(self._insert_ignore(av, "hash").values(
+                hash=h, kind=asset.kind, name=asset.name, parent_hash=asset.parent,
+                content=asset.content(), created_at=T.utcnow())).rowcount
+            if inserted and members:
                 s.execute(sa.insert(T.SkillLibraryMember.__table__),
                           [{"library_hash": h, "skill_hash": m, "position": i}
                            for i, m in enumerate(members)])
             return h
+
+    def _insert_ignore(self, table: sa.Table, key: str) -> Any:
+        """INSERT ... ON CONFLICT (key) DO NOTHING, in the engine's dialect."""
+        if self.engine.dialect.name == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert
+        else:
+            from sqlalchemy.dialects.sqlite import insert
+        return insert(table).on_conflict_do_nothing(index_elements=[key])
 
     def _library_members(self, asset: Asset) -> list[str]:
         """Member skill hashes of a library: any asset with a `skills` list (SkillLibrary).

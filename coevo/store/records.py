@@ -45,6 +45,7 @@ class RunRecord(_Record):
     status: str
     created_at: datetime
     updated_at: datetime
+    error: str | None = None  # why a failed run failed
 
 
 class RoundRecord(_Record):
@@ -179,7 +180,7 @@ def _utc(value: Any) -> datetime:
 
 def run_record(r: T.Run) -> RunRecord:
     return RunRecord(id=r.id, name=r.name, config=r.config, mode=r.mode, status=r.status,
-                     created_at=r.created_at, updated_at=r.updated_at)
+                     created_at=r.created_at, updated_at=r.updated_at, error=r.error)
 
 
 def round_record(r: T.Round) -> RoundRecord:

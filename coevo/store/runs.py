@@ -62,10 +62,12 @@ class RunStore(StoreBase):
         with self.transaction() as s:
             return run_record(self._run(s, ref))
 
-    def set_run_status(self, ref: str, status: str) -> RunRecord:
+    def set_run_status(self, ref: str, status: str, error: str | None = None) -> RunRecord:
+        """Set a run's status; `error` says why a `failed` run failed (any other status
+        clears it: a resumed run is no longer failing)."""
         with self.transaction() as s:
             row = self._run(s, ref)
-            row.status = status
+            row.status, row.error = status, error
             s.flush()
             return run_record(row)
 

@@ -33,6 +33,7 @@ from coevo.errors import CoevoError
 from coevo.store.assets import AssetStore
 from coevo.store.engine import db_failure, make_engine, not_coevo, resolve_url
 from coevo.store.episodes import EpisodeStore
+from coevo.store.lease import LeaseStore
 from coevo.store.proposals import ProposalStore
 from coevo.store.reviews import ReviewStore
 from coevo.store.runs import RunStore
@@ -41,11 +42,11 @@ MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 _PG_MIGRATION_LOCK = 0x636F65766F  # "coevo": serialises concurrent first opens on one server
 
 
-class Store(AssetStore, RunStore, EpisodeStore, ProposalStore, ReviewStore):
+class Store(AssetStore, RunStore, EpisodeStore, ProposalStore, ReviewStore, LeaseStore):
     """A handle on one database (thread-safe: each thread gets its own session). The parts are
     split by concern: assets.py, runs.py (runs, rounds, checkpoints, budgets), episodes.py
     (trajectories, evaluations), proposals.py (proposals, decisions, evidence), reviews.py
-    (human reviews); base.py holds
+    (human reviews), lease.py (who executes a run); base.py holds
     the session and transaction plumbing they share."""
 
     # --- opening and schema -----------------------------------------------------------------

@@ -96,6 +96,23 @@ class Run(Base):
     status: Mapped[str] = mapped_column(sa.String(32))  # created | running | done | failed ...
     created_at: Mapped[datetime] = _created()
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)
+    # 0006: why a `failed` run failed ("ExceptionClass: message"); cleared when it is resumed.
+    error: Mapped[str | None] = mapped_column(sa.Text)
+
+
+class RunLease(Base):
+    """0006: who is executing a run (coevo/store/lease.py). One row per leased run; on SQLite
+    the row IS the lease (taken in one transaction, renewed by a heartbeat, stale once expired
+    or its process is gone), on PostgreSQL an advisory lock is and the row says who holds it."""
+
+    __tablename__ = "run_leases"
+    run_id: Mapped[str] = mapped_column(ID, sa.ForeignKey("runs.id"), primary_key=True)
+    token: Mapped[str] = mapped_column(ID)  # the holder's random id: only it renews or releases
+    pid: Mapped[int] = mapped_column(sa.Integer)
+    host: Mapped[str] = mapped_column(sa.String(255))
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
 class Round(Base):

@@ -1,7 +1,7 @@
 """Human reviews of the candidates a run holds for review (`gate.human_review`).
 
 Revision ID: 0007
-Revises: 0005
+Revises: 0006
 Create Date: 2026-12-03
 
 - reviews: who approved or vetoed which proposal, when, with a note (one per proposal).
@@ -16,7 +16,7 @@ from alembic import op
 import sqlalchemy as sa
 
 revision: str = '0007'
-down_revision: Union[str, Sequence[str], None] = '0005'
+down_revision: Union[str, Sequence[str], None] = '0006'
 branch_labels: Union[str, Sequence[str], None] = None
 depends_on: Union[str, Sequence[str], None] = None
 
