@@ -176,6 +176,27 @@ def test_a_random_model_writes_schema_valid_json_only_when_constrained(tmp_path)
     assert ok == 0
 
 
+def test_output_overrides_narrow_the_constraint_of_one_call(tmp_path):
+    """A proposer narrows the grammar to what its context allows (the harness's own tool
+    names, the criteria a round may add); the signature and the other fields are unchanged."""
+    from coevo.assets.harness import Harness
+    from coevo.propose.harness import tool_descriptions_schema
+
+    b = Scripted('{"revised": "a", "confidence": 0.5}', '{"revised": "r", "confidence": 0.5}')
+    call = run_program(proposer_lm(backend=b), dspy.Predict(Revise),
+                       output_overrides={"revised": {"enum": ["a", "b"]}}, text="t")
+    assert call.ok and call.outputs["revised"] == "a"
+    first = b.requests[0].constraint.json_schema["properties"]
+    assert first["revised"] == {"enum": ["a", "b"]} and first["confidence"]["type"] == "number"
+    run_program(proposer_lm(backend=b), dspy.Predict(Revise), text="t")
+    assert b.requests[1].constraint.json_schema["properties"]["revised"]["type"] == "string"
+    h = Harness.model_validate({"name": "h", "system_prompt": "s", "tools": [
+        {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]})
+    [allowed] = tool_descriptions_schema(h)["tool_descriptions"]["anyOf"][:1]
+    assert allowed["properties"] == {"add": {"type": "string"}}
+    assert allowed["additionalProperties"] is False
+
+
 class Note(dspy.Signature):
     """Write a note."""
 

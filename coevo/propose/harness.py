@@ -243,6 +243,22 @@ def build_revision(h: Harness, out: dict[str, Any],
 # --- the proposer ---------------------------------------------------------------------------------
 
 
+def tool_descriptions_schema(h: Harness) -> dict[str, Any]:
+    """The decoding schema of `tool_descriptions` for harness `h`: only its own tools' names
+    as keys (none: null only), so the grammar never lets a model describe a tool that is not
+    there.
+
+    >>> tool_descriptions_schema(Harness(name="h", system_prompt="s"))
+    {'tool_descriptions': {'type': 'null'}}
+    """
+    names = [t.function.name for t in h.tools]
+    if not names:
+        return {"tool_descriptions": {"type": "null"}}
+    return {"tool_descriptions": {"anyOf": [
+        {"type": "object", "properties": {n: {"type": "string"} for n in names},
+         "additionalProperties": False}, {"type": "null"}]}}
+
+
 class HarnessProposer:
     """Options: model (a ProposerModel, backend spec or dict), cassette + mode (record/replay),
     candidates (revisions per round, one call each, different seeds), knobs (offered workflow
@@ -293,7 +309,8 @@ class HarnessProposer:
         return out
 
     def _one(self, h: Harness, inputs: dict[str, Any], seed: int) -> Candidate:
-        call = run_program(self.lm, self.program, config={"seed": seed}, **inputs)
+        call = run_program(self.lm, self.program, config={"seed": seed},
+                           output_overrides=tool_descriptions_schema(h), **inputs)
         audit = {"prompt": call.prompt, "raw_output": call.raw_output, "model": call.model}
         if not call.ok:
             return Candidate(asset=None, proposer=self.name, kind="harness", error=call.error,

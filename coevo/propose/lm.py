@@ -315,11 +315,20 @@ def output_schema(signature: type[dspy.Signature]) -> dict[str, Any]:
     return create_model(f"{signature.__name__}Output", **fields).model_json_schema()  # type: ignore[call-overload]
 
 
-def run_program(lm: dspy.LM, program: Any, **inputs: Any) -> ProgramCall:
+def run_program(lm: dspy.LM, program: Any, *, output_overrides: dict[str, Any] | None = None,
+                **inputs: Any) -> ProgramCall:
     """Run a DSPy program once on `lm` with the JSON adapter; never raises for a model that
-    failed to follow the format or a proposer model that failed (see the module docstring)."""
+    failed to follow the format or a proposer model that failed (see the module docstring).
+
+    `output_overrides` replaces the JSON Schema of named output fields in the decoding
+    constraint with what this call's context allows (the incumbent's tool names, the number
+    of criteria a round may add): what the proposer's own checks would refuse is then never
+    sampled. The signature (and what the answer is parsed into) stays as it is."""
     signature = getattr(program, "signature", None)
-    token = _OUTPUT_SCHEMA.set(output_schema(signature) if signature is not None else None)
+    schema = output_schema(signature) if signature is not None else None
+    if schema is not None and output_overrides:
+        schema["properties"].update(output_overrides)
+    token = _OUTPUT_SCHEMA.set(schema)
     start = len(lm.history)
     engine = getattr(lm, "coevo_engine", None)
     name = engine.name if engine is not None else str(lm.model)

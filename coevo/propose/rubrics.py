@@ -230,7 +230,13 @@ class RubricsProposer:
         if inputs is None:
             return []
         before = tokens_spent(self.lm)
-        call = run_program(self.lm, self.program, **inputs)
+        # At most max_new criteria, each of an offered kind: what build_candidate checks.
+        item = {"type": "object", "properties": {"id": {"type": "string"},
+                "kind": {"enum": list(self.kinds)}, "description": {"type": "string"},
+                "weight": {"type": "number"}, "params": {"type": "object"}},
+                "required": ["id", "kind"], "additionalProperties": False}
+        call = run_program(self.lm, self.program, output_overrides={"criteria": {
+            "type": "array", "items": item, "maxItems": self.max_new}}, **inputs)
         self.last_cost["tokens"] = float(tokens_spent(self.lm) - before)
         audit = {"prompt": call.prompt, "raw_output": call.raw_output, "model": call.model}
         if not call.ok:
