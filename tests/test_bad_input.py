@@ -145,7 +145,8 @@ CASES = [
     Case("db-pg-unknown-query", ["harness", "list", "--db", "postgresql://u@localhost/db?colour=red"], ("colour",)),
     Case("db-sqlite-url-no-path", ["harness", "list", "--db", "sqlite://"], ("sqlite://",)),
     Case("db-readonly-init", ["init", "--assets", "{seed}", "--db", "sqlite:///file:{T}/store.db?mode=ro&uri=true"],
-         ("read-only",)),
+         ("read-only",), lambda t: (t / "seed" / "harnesses" / "extra.yaml").write_text(
+             "name: extra\nsystem_prompt: A new version to store.\n")),
     Case("db-readonly-train", TRAIN + ["--db", "sqlite:///file:{T}/store.db?mode=ro&uri=true"], ("read-only",)),
     Case("db-readonly-run", ["run", "{cfg}", "--db", "sqlite:///file:{T}/store.db?mode=ro&uri=true"],
          ("read-only",), cfg()),

@@ -120,10 +120,12 @@ def test_coevo_train_holds_the_lease_and_a_failure_marks_the_run(tmp_path):
     db = f"sqlite:///{tmp_path / 't.db'}"
     store = Store.open(db)
     store.put_asset(tiny_glue.tiny_harness())
-    store.create_run("t")
+    model = f"hf:{tmp_path / 'no-model'}"
+    store.create_run("t", config={"command": "train", "env": "tiny_glue:FirstCharEnv",
+                                  "model": model, "steps": 10, "seed": 0}, mode="weight-only")
     store.start_round("t", 0)
     args = ["train", "--harness", "tiny", "--env", "tiny_glue:FirstCharEnv", "--run", "t",
-            "--resume", "--model", f"hf:{tmp_path / 'no-model'}", "--db", db]
+            "--resume", "--model", model, "--db", db]
     with store.executing("t"):
         res = CliRunner().invoke(app, args)
     assert res.exit_code == 1

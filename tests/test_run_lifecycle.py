@@ -95,7 +95,9 @@ def test_a_run_that_dies_is_failed_with_its_error_and_resumes_to_done(tmp_path):
 
 def test_checkpoints_go_beside_the_store_by_run_id_whatever_the_name(tmp_path):
     home = Path(os.environ["HOME"])
-    cfg = config(tmp_path, "weight-only", name="../../escape",
+    with pytest.raises(Exception, match="path separator"):  # a name is never a path
+        config(tmp_path, "weight-only", name="../../escape")
+    cfg = config(tmp_path, "weight-only", name="..escape",
                  rl={"stage": {"steps": 1, "tasks_per_step": 2, "samples": 2}})
     store, parts = build(tmp_path, cfg, f"sqlite:///{tmp_path / 'proj' / 'my.db'}")
     res = run_coevolution(cfg, store, parts)

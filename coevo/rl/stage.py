@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -44,7 +43,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from coevo.artifacts import run_artifacts
+from coevo.artifacts import check_writable, run_artifacts
 from coevo.envs.base import Environment
 from coevo.errors import CoevoError
 from coevo.executors import AgentAssets, EpisodeJob, LocalExecutor, resolve_env
@@ -108,14 +107,7 @@ def check_checkpoint_dir(path: str | Path, field: str = "rl.stage.checkpoint_dir
     """Fail early, with a CoevoError naming `field`, when checkpoints cannot be written under
     `path` (a file in the way, a folder that cannot be created or written): before a run is
     created or a model loaded, not at the first checkpoint."""
-    path = Path(path).expanduser()
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
-            pass
-    except OSError as e:
-        raise CoevoError(f"{field}: cannot write checkpoints under {path}: "
-                         f"{e.strerror or e}") from None
+    check_writable(Path(path).expanduser(), field)
 
 
 # --- logging and results -----------------------------------------------------------------------
