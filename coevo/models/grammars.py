@@ -109,7 +109,7 @@ def _walk(schema: Any, visit: Any) -> Any:
 def _is_free_string(node: dict[str, Any]) -> bool:
     kind = node.get("type")
     return (kind == "string" or (isinstance(kind, list) and "string" in kind)) and not (
-        {"maxLength", "enum", "const"} & set(node))
+        {"maxLength", "enum", "const", "pattern", "format"} & set(node))
 
 
 def _is_open_object(node: dict[str, Any]) -> bool:

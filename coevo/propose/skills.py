@@ -60,6 +60,13 @@ _PASS = 0.5  # a criterion score at or above this counts as passing (as in the d
 # --- DSPy signatures ------------------------------------------------------------------------------
 
 
+# Decoding bounds of the programs' answers (what Skill validation would refuse is not
+# sampled): a lowercase-hyphen name, a description and a body that are not empty.
+SKILL_NAME = {"type": "string", "pattern": "^[a-z][a-z0-9]{0,15}(-[a-z0-9]{1,15}){0,3}$"}
+NON_EMPTY = {"description": {"type": "string", "minLength": 1},
+             "body": {"type": "string", "minLength": 1}}
+
+
 class DistilSkill(dspy.Signature):
     """Write a new skill for an AI agent: short, concrete instructions that fix a behaviour
     that fails. Learn what works from the episodes that passed and what goes wrong from the
@@ -412,7 +419,8 @@ class SkillsProposer:
         existing = "\n".join(f"- {s.name}: {s.description}" for s in members
                              if s.state == "active") or "(none)"
         call = run_program(self.lm, dspy.Predict(DistilSkill), behaviour=behaviour,
-                           existing_skills=existing, episodes=shown)
+                           existing_skills=existing, episodes=shown,
+                           output_overrides={"name": SKILL_NAME, **NON_EMPTY})
         audit = {"prompt": call.prompt, "raw_output": call.raw_output, "model": call.model}
         if not call.ok:
             return self._invalid(call.error or "no output", **audit)
@@ -474,7 +482,7 @@ class SkillsProposer:
         evidence = (f"{u.text()}. The skill targets: {', '.join(skill.targets) or '(none)'}.")
         current = f"name: {skill.name}\ndescription: {skill.description}\n\n{skill.body}"
         call = run_program(self.lm, dspy.Predict(RefineSkill), skill=current, evidence=evidence,
-                           episodes=shown)
+                           episodes=shown, output_overrides=NON_EMPTY)
         audit = {"prompt": call.prompt, "raw_output": call.raw_output, "model": call.model}
         if not call.ok:
             return self._invalid(call.error or "no output", **audit)
