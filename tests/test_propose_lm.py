@@ -195,6 +195,12 @@ def test_output_overrides_narrow_the_constraint_of_one_call(tmp_path):
     [allowed] = tool_descriptions_schema(h)["tool_descriptions"]["anyOf"][:1]
     assert allowed["properties"] == {"add": {"type": "string"}}
     assert allowed["additionalProperties"] is False
+    from coevo.propose.harness import workflow_schema
+
+    [knobs] = workflow_schema(["max_turns", "constrain"])["workflow"]["anyOf"][:1]
+    assert knobs["properties"] == {"max_turns": {"type": "integer", "minimum": 1, "maximum": 32},
+                                   "constrain": {"enum": ["none", "tool_calls"]}}
+    assert knobs["additionalProperties"] is False
 
 
 class Note(dspy.Signature):

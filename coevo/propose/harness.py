@@ -259,6 +259,32 @@ def tool_descriptions_schema(h: Harness) -> dict[str, Any]:
          "additionalProperties": False}, {"type": "null"}]}}
 
 
+def knob_schema(knob: str) -> dict[str, Any]:
+    """The JSON Schema of one knob's value: its choices, or its type with its bounds."""
+    ann, meta = knob_field(knob)
+    if isinstance(ann, tuple):
+        return {"enum": list(ann)}
+    if typing.get_origin(ann) is typing.Literal:
+        return {"enum": list(typing.get_args(ann))}
+    kind = {bool: "boolean", int: "integer", float: "number", str: "string"}.get(ann)
+    if kind is None:
+        return {"type": ["string", "number", "boolean", "null"]}
+    out: dict[str, Any] = {"type": kind}
+    for m in meta:
+        for key, bound in (("ge", "minimum"), ("le", "maximum"), ("gt", "exclusiveMinimum"),
+                           ("lt", "exclusiveMaximum")):
+            if kind in ("integer", "number") and getattr(m, key, None) is not None:
+                out[bound] = getattr(m, key)
+    return out
+
+
+def workflow_schema(knobs: Sequence[str]) -> dict[str, Any]:
+    """The decoding schema of `workflow`: only the offered knobs, each within its bounds."""
+    return {"workflow": {"anyOf": [
+        {"type": "object", "properties": {k: knob_schema(k) for k in knobs},
+         "additionalProperties": False}, {"type": "null"}]}}
+
+
 class HarnessProposer:
     """Options: model (a ProposerModel, backend spec or dict), cassette + mode (record/replay),
     candidates (revisions per round, one call each, different seeds), knobs (offered workflow
@@ -310,7 +336,8 @@ class HarnessProposer:
 
     def _one(self, h: Harness, inputs: dict[str, Any], seed: int) -> Candidate:
         call = run_program(self.lm, self.program, config={"seed": seed},
-                           output_overrides=tool_descriptions_schema(h), **inputs)
+                           output_overrides={**tool_descriptions_schema(h),
+                                             **workflow_schema(self.knobs)}, **inputs)
         audit = {"prompt": call.prompt, "raw_output": call.raw_output, "model": call.model}
         if not call.ok:
             return Candidate(asset=None, proposer=self.name, kind="harness", error=call.error,
