@@ -12,6 +12,7 @@ from coevo.assets.harness import Harness
 from coevo.errors import CoevoError
 from coevo.models.base import Completion
 from coevo.propose.digest import PREAMBLE, digest, shorten, transcript
+from coevo.models.constrain import Constraint
 from coevo.propose.lm import CassetteMiss, ProposerModel, output_schema, proposer_lm, run_program
 from coevo.trajectory import Trajectory
 
@@ -201,6 +202,25 @@ def test_output_overrides_narrow_the_constraint_of_one_call(tmp_path):
     assert knobs["properties"] == {"max_turns": {"type": "integer", "minimum": 1, "maximum": 32},
                                    "constrain": {"enum": ["none", "tool_calls"]}}
     assert knobs["additionalProperties"] is False
+
+
+def test_rubric_criteria_grammar_admits_offered_kinds_with_their_params_only():
+    from coevo.models.dialects import violation
+    from coevo.models.grammars import bound_strings, clean_schema
+    from coevo.propose.rubrics import ProposeCriteria, criteria_schema
+
+    schema = output_schema(ProposeCriteria)
+    schema["properties"].update(criteria_schema(("outcome", "regex"), 2))
+    c = Constraint.of_json_schema(bound_strings(clean_schema(schema), 320), source="t")
+    ok = ('{"criteria":[{"id":"has_x","kind":"regex","params":{"pattern":"x"}}],'
+          '"rationale":"r","predicted_effect":"e"}')
+    assert not violation(c, ok)
+    for bad in ('{"criteria":[{"id":"a","kind":"python"}],"rationale":"r","predicted_effect":"e"}',
+                '{"criteria":[{"id":"a","kind":"regex","params":{"id":"x"}}],"rationale":"r",'
+                '"predicted_effect":"e"}',
+                '{"criteria":[{"id":"a","kind":"outcome"},{"id":"b","kind":"outcome"},'
+                '{"id":"c","kind":"outcome"}],"rationale":"r","predicted_effect":"e"}'):
+        assert violation(c, bad), bad
 
 
 class Note(dspy.Signature):

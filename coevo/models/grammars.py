@@ -106,10 +106,15 @@ def _walk(schema: Any, visit: Any) -> Any:
     return visit(out)
 
 
-def _is_free_string(node: dict[str, Any]) -> bool:
+def _is_free_string(node: dict[str, Any], cap: int | None = None) -> bool:
+    """A string a model can write on and on: no pattern, format or choices, and no
+    maxLength (or, with `cap`, one above it)."""
     kind = node.get("type")
-    return (kind == "string" or (isinstance(kind, list) and "string" in kind)) and not (
-        {"maxLength", "enum", "const", "pattern", "format"} & set(node))
+    if not (kind == "string" or (isinstance(kind, list) and "string" in kind)):
+        return False
+    if {"enum", "const", "pattern", "format"} & set(node):
+        return False
+    return "maxLength" not in node or (cap is not None and node["maxLength"] > cap)
 
 
 def _is_open_object(node: dict[str, Any]) -> bool:
@@ -158,7 +163,7 @@ def bound_strings(schema: Any, max_tokens: int, max_items: int = 8) -> Any:
             if values is True:
                 values = {"type": SCALAR, "maxLength": per}
             return {**node, "additionalProperties": values, "maxProperties": max_items}
-        if _is_free_string(node):
+        if _is_free_string(node, per):
             return {**node, "maxLength": per}
         if node.get("type") == "array" and "maxItems" not in node:
             return {**node, "maxItems": max_items}

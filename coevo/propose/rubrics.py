@@ -26,6 +26,8 @@ not offered by default, because a proposer must not choose code for the reward t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import json
 import math
 import typing
@@ -122,6 +124,21 @@ def rubric_yaml(rubric: Rubric) -> str:
 
 def _where(err: dict[str, Any]) -> str:
     return ".".join(str(p) for p in err["loc"]) or "(root)"
+
+
+def criteria_schema(kinds: Sequence[str], max_new: int) -> dict[str, Any]:
+    """The decoding schema of `criteria`: at most `max_new` items, each of an offered kind with
+    that kind's own params (what build_candidate checks is then never sampled wrong)."""
+    items = []
+    for kind in kinds:
+        params = _CLASSES[kind].model_fields["params"].annotation.model_json_schema()
+        if "$defs" in params:  # references (a JSON Schema inside): free keys, bounded later
+            params = {"type": "object"}
+        items.append({"type": "object", "properties": {
+            "id": {"type": "string", "pattern": "^[a-z][a-z0-9_]{0,31}$"}, "kind": {"const": kind},
+            "description": {"type": "string"}, "weight": {"type": "number", "minimum": 0},
+            "params": params}, "required": ["id", "kind"], "additionalProperties": False})
+    return {"criteria": {"type": "array", "items": {"anyOf": items}, "maxItems": max_new}}
 
 
 def build_candidate(incumbent: Rubric, proposed: Any, *, kinds: tuple[str, ...],
@@ -230,13 +247,8 @@ class RubricsProposer:
         if inputs is None:
             return []
         before = tokens_spent(self.lm)
-        # At most max_new criteria, each of an offered kind: what build_candidate checks.
-        item = {"type": "object", "properties": {"id": {"type": "string"},
-                "kind": {"enum": list(self.kinds)}, "description": {"type": "string"},
-                "weight": {"type": "number"}, "params": {"type": "object"}},
-                "required": ["id", "kind"], "additionalProperties": False}
-        call = run_program(self.lm, self.program, output_overrides={"criteria": {
-            "type": "array", "items": item, "maxItems": self.max_new}}, **inputs)
+        call = run_program(self.lm, self.program,
+                           output_overrides=criteria_schema(self.kinds, self.max_new), **inputs)
         self.last_cost["tokens"] = float(tokens_spent(self.lm) - before)
         audit = {"prompt": call.prompt, "raw_output": call.raw_output, "model": call.model}
         if not call.ok:
