@@ -203,12 +203,12 @@ def test_report_only_rebuilds_the_page_from_the_data_json(tmp_path):
         bench.main(["--report-only", "--data", str(tmp_path / "none.json"), "--results", str(page)])
 
 
-def test_null_candidate_is_admissible_and_invisible_to_the_model():
+def test_null_candidate_is_admissible_and_invisible_to_the_model(tmp_path):
     from coevo.assets.io import load_seed_dir
     from coevo.propose.base import Incumbent, check_candidate
     from coevo.store import Store
 
-    store = Store.open("sqlite://")
+    store = Store.open(f"sqlite:///{tmp_path / 'null.db'}")
     for a in load_seed_dir(REPO):
         store.put_asset(a)
     h = store.get_asset("harness", "reasoning")

@@ -158,11 +158,11 @@ def decisions(url: str, name: str = "crash") -> list[tuple]:
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """(snapshot, decisions, wall seconds, seconds until the run's lease was taken, seconds
-    it was held) of the uninterrupted run."""
+    it was held, rows stored) of the uninterrupted run."""
     tmp = tmp_path_factory.mktemp("ref")
     url = f"sqlite:///{tmp / 'ref.db'}"
     times = timed_run(tmp, url)
-    return (snapshot(url, tmp), decisions(url), *times)
+    return (snapshot(url, tmp), decisions(url), *times, stored_rows(url))
 
 
 def timed_run(tmp: Path, url: str) -> tuple[float, float, float]:
@@ -240,18 +240,23 @@ def stored_rows(url: str) -> int:
     return n
 
 
-def kill_chain(tmp: Path, url: str, moments: list[tuple[str, float]], kills: int) -> list[int]:
+def kill_chain(tmp: Path, url: str, moments: list[tuple[str, float]], kills: int,
+               total_rows: int | None = None) -> list[int]:
     """Start the run and SIGKILL it at `moments[0]`, then resume it and kill the resume at
     `moments[1]`, and so on, until `kills` processes were killed. A moment ("start", s) is s
     seconds after the process started (imports, model building, run creation); ("lease", s)
     is s seconds after it took the run's lease (the loop's work), so that on a machine of any
     load a kill lands in the work, not always in the imports. Returns the rows stored after
     each kill (a process that finished before its moment adds no entry). The caller resumes
-    once more, to the end."""
+    once more, to the end. With `total_rows` (the uninterrupted run's), a "lease" moment is
+    scaled by the share of the rows still to store, so that kills keep landing in the work
+    that is left instead of after a resume has finished it."""
     rows: list[int] = []
     for origin, seconds in moments:
         if len(rows) >= kills:
             break
+        if origin == "lease" and total_rows:
+            seconds *= max(0.05, 1.0 - stored_rows(url) / total_rows)
         proc = subprocess.Popen(_cmd(tmp, url), env=_env(), stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE)
         try:
@@ -283,7 +288,8 @@ def test_random_kills_of_a_run_and_of_its_resumes_then_resume_equals_uninterrupt
     stage, a checkpoint write, an evaluation, a store transaction, the final test); the last
     resume finishes and every table equals the uninterrupted run's."""
     url = f"sqlite:///{tmp_path / 'c.db'}"
-    rows = kill_chain(tmp_path, url, random_moments(15, 24, *reference[3:5]), kills=10)
+    rows = kill_chain(tmp_path, url, random_moments(15, 24, *reference[3:5]), kills=10,
+                      total_rows=reference[5])
     print("rows stored after each kill:", rows)
     assert len(rows) == 10
     assert rows[0] < max(rows)  # one kill before the run had stored much, others later

@@ -52,10 +52,11 @@ class AssetStore(StoreBase):
             # above and this insert (PostgreSQL's READ COMMITTED lets both pass the check); the
             # loser's insert waits for the winner's commit and then does nothing, and the
             # winner's transaction has written the members too.
+            # RETURNING, not rowcount: psycopg's pipeline mode reports rowcount -1 (truthy).
             inserted = s.execute(self._insert_ignore(av, "hash").values(
                 hash=h, kind=asset.kind, name=asset.name, parent_hash=asset.parent,
-                content=asset.content(), created_at=T.utcnow())).rowcount
-            if inserted and members:
+                content=asset.content(), created_at=T.utcnow()).returning(av.c.hash)).first()
+            if inserted is not None and members:
                 s.execute(sa.insert(T.SkillLibraryMember.__table__),
                           [{"library_hash": h, "skill_hash": m, "position": i}
                            for i, m in enumerate(members)])
