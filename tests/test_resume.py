@@ -286,15 +286,25 @@ def test_random_kills_of_a_run_and_of_its_resumes_then_resume_equals_uninterrupt
     """Ten SIGKILLs at seeded random wall-clock moments of ONE run: the run itself is killed,
     then each resume of it, nine times (a kill can land anywhere: a module import, the RL
     stage, a checkpoint write, an evaluation, a store transaction, the final test); the last
-    resume finishes and every table equals the uninterrupted run's."""
-    url = f"sqlite:///{tmp_path / 'c.db'}"
-    rows = kill_chain(tmp_path, url, random_moments(15, 24, *reference[3:5]), kills=10,
-                      total_rows=reference[5])
-    print("rows stored after each kill:", rows)
-    assert len(rows) == 10
-    assert rows[0] < max(rows)  # one kill before the run had stored much, others later
-    assert _run(tmp_path, url) == 0
-    _check(reference, url, tmp_path)
+    resume finishes and every table equals the uninterrupted run's. Wall-clock moments cannot
+    promise where the run will be: when a resume finishes the run before ten kills landed,
+    another chain (a fresh store, the next seed) takes the remaining kills, and every chain is
+    checked the same way."""
+    kills: list[list[int]] = []
+    for c in range(4):
+        if sum(map(len, kills)) >= 10:
+            break
+        tmp = tmp_path / f"chain{c}"
+        tmp.mkdir()
+        url = f"sqlite:///{tmp / 'c.db'}"
+        rows = kill_chain(tmp, url, random_moments(15 + c, 24, *reference[3:5]),
+                          kills=10 - sum(map(len, kills)), total_rows=reference[5])
+        print(f"chain {c}: rows stored after each kill:", rows)
+        kills.append(rows)
+        assert _run(tmp, url) == 0
+        _check(reference, url, tmp)
+    assert sum(map(len, kills)) == 10
+    assert len(kills[0]) >= 2 and kills[0][0] < max(kills[0])  # resumes were killed too
 
 
 def _wait_for_lease(url: str, name: str, proc: subprocess.Popen) -> dict | None:
