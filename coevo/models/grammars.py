@@ -63,44 +63,36 @@ def clean_schema(schema: Any, closed: bool = True) -> Any:
     ...               "properties": {"a": {"type": "integer", "default": 1}}})
     {'type': 'object', 'required': ['a'], 'properties': {'a': {'type': 'integer'}}, 'additionalProperties': False}
     """
-    if isinstance(schema, list):
-        return [clean_schema(s, closed) for s in schema]
-    if not isinstance(schema, dict):
-        return copy.deepcopy(schema)
-    out: dict[str, Any] = {}
-    for k, v in schema.items():
-        if k in _ANNOTATIONS:
-            continue
-        if k == "properties" and isinstance(v, dict):
-            out[k] = {p: clean_schema(s, closed) for p, s in v.items()}
-        elif k in ("items", "additionalProperties") and isinstance(v, (dict, list)):
-            out[k] = clean_schema(v, closed)
-        elif k in ("anyOf", "oneOf") and isinstance(v, list):
-            out[k] = [clean_schema(s, closed) for s in v]
-        else:
-            out[k] = copy.deepcopy(v)
-    props = out.get("properties")
-    if isinstance(props, dict):
-        if isinstance(out.get("required"), list):
-            out["required"] = [r for r in out["required"] if r in props]
-        if closed:
-            out.setdefault("additionalProperties", False)
-    return out
+    def close(node: dict[str, Any]) -> dict[str, Any]:
+        out = {k: v for k, v in node.items() if k not in _ANNOTATIONS}
+        props = out.get("properties")
+        if isinstance(props, dict):
+            if isinstance(out.get("required"), list):
+                out["required"] = [r for r in out["required"] if r in props]
+            if closed:
+                out.setdefault("additionalProperties", False)
+        return out
+
+    # allOf members are left as written: closing one would refuse the other members' keys
+    return _walk(copy.deepcopy(schema), close, _SUBSCHEMAS - {"allOf"})
 
 
-def _walk(schema: Any, visit: Any) -> Any:
-    """A copy of `schema` with `visit(node)` applied to every sub-schema, inner ones first."""
+_SUBSCHEMAS = frozenset({"items", "additionalProperties", "anyOf", "oneOf", "allOf"})
+
+
+def _walk(schema: Any, visit: Any, keys: frozenset[str] = _SUBSCHEMAS) -> Any:
+    """A copy of `schema` with `visit(node)` applied to every sub-schema (the values of
+    `properties` and of `keys`), inner ones first."""
     if isinstance(schema, list):
-        return [_walk(s, visit) for s in schema]
+        return [_walk(s, visit, keys) for s in schema]
     if not isinstance(schema, dict):
         return schema
     out = {}
     for k, v in schema.items():
         if k == "properties" and isinstance(v, dict):
-            out[k] = {p: _walk(x, visit) for p, x in v.items()}
-        elif k in ("items", "additionalProperties", "anyOf", "oneOf", "allOf") and \
-                isinstance(v, (dict, list)):
-            out[k] = _walk(v, visit)
+            out[k] = {p: _walk(x, visit, keys) for p, x in v.items()}
+        elif k in keys and isinstance(v, (dict, list)):
+            out[k] = _walk(v, visit, keys)
         else:
             out[k] = v
     return visit(out)
