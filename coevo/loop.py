@@ -38,7 +38,6 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -226,7 +225,8 @@ def run_coevolution(cfg: RunConfig, store: Any, parts: Parts | None = None, *,
 
 def check_runnable(cfg: RunConfig, parts: Parts, store: Any) -> None:
     """What can fail before the run exists, checked before it does: a split the mode needs
-    has no tasks, the checkpoint folder cannot be written. (A run created and then failing on
+    has no tasks, the store's artifacts folder cannot be written (a configured checkpoint
+    folder is checked earlier, by `preflight`). (A run created and then failing on
     these would be left half-written under a name only a resume could reuse.)"""
     mode, env = MODES[cfg.mode], parts.env
     needs = {"train": mode.train or mode.propose, "val": mode.gated and mode.propose
@@ -235,10 +235,8 @@ def check_runnable(cfg: RunConfig, parts: Parts, store: Any) -> None:
         if needed and next(iter(env.tasks(split, 1)), None) is None:
             raise CoevoError(f"env {cfg.env}: the {split} split has no tasks "
                              f"(mode {cfg.mode} needs it)")
-    if mode.train:
-        folder = cfg.rl.stage.checkpoint_dir
-        check_writable(Path(folder) if folder else artifacts_root(store.engine.url),
-                       "rl.stage.checkpoint_dir" if folder else "the store's artifacts folder")
+    if mode.train and not cfg.rl.stage.checkpoint_dir:  # a configured folder: preflight
+        check_writable(artifacts_root(store.engine.url), "the store's artifacts folder")
 
 
 def find_or_create_run(cfg: RunConfig, store: Any, parts: Parts, resume: str | None) -> Any:
