@@ -32,6 +32,15 @@ class ToolResult(BaseModel):
     error: str | None = None  # unknown tool, bad arguments, exception, timeout: an observation
     seconds: float = 0.0
 
+    @classmethod
+    def failed(cls, name: str, message: str, seconds: float = 0.0) -> "ToolResult":
+        """The error observation the agent reads: content `Error: <message>`.
+
+        >>> ToolResult.failed("add", "bad arguments").content
+        'Error: bad arguments'
+        """
+        return cls(name=name, content=f"Error: {message}", error=message, seconds=seconds)
+
 
 class TurnSampling(BaseModel):
     """The settings that shaped the distribution a turn's tokens were drawn from (with the

@@ -5,7 +5,8 @@ A spec is `<kind>:<argument>[?key=value&...]`:
 - `bfcl:<category>` single-turn BFCL, `bfcl-multi:<category>` multi-turn BFCL,
   `rg:<dataset>` a reasoning-gym dataset (query keys and unknown options are the dataset's
   kwargs: `rg:basic_arithmetic?min_terms=2&max_terms=3`), `jsonl:<path>` a task file
-  (`jsonl:tasks.jsonl?verifier=numeric&tolerance=0.01`, coevo/envs/jsonl.py);
+  (`jsonl:tasks.jsonl?verifier=numeric&tolerance=0.01`, coevo/envs/jsonl.py),
+  `verifiers:pkg.module:factory` a PrimeIntellect verifiers taskset (coevo/envs/verifiers_env.py);
 - `pkg.module:ClassOrFactory` a plugin: imported and called with the options; the result
   must satisfy `coevo.envs.base.Environment`.
 
@@ -66,10 +67,17 @@ def _jsonl(path: str, **opts: Any) -> Environment:
     return JsonlEnv(path, **opts)
 
 
+def _verifiers(target: str, **opts: Any) -> Environment:
+    from coevo.envs.verifiers_env import VerifiersEnv
+
+    return VerifiersEnv(target, **opts)
+
+
 ENV_KINDS.add("bfcl", _bfcl)
 ENV_KINDS.add("bfcl-multi", _bfcl_multi)
 ENV_KINDS.add("rg", _rg)
 ENV_KINDS.add("jsonl", _jsonl)
+ENV_KINDS.add("verifiers", _verifiers)
 
 
 def _query(text: str) -> dict[str, Any]:
@@ -135,6 +143,30 @@ def _plugin(spec: str, module_name: str, attr_path: str, options: dict[str, Any]
         raise CoevoError(f"environment {spec!r}: {attr_path} returned {type(env).__name__}, "
                          f"which lacks {', '.join(missing)} (see coevo.envs.base.Environment)")
     return env
+
+
+def spec_name(head: str, arg: str, options: dict[str, Any]) -> str:
+    """The spec an environment was built from, options sorted: its `name` (trajectories
+    record it, so the same options give the same name whatever their order).
+
+    >>> spec_name("openenv", "m:Env", {"seeds": 3, "reward": "last"})
+    'openenv:m:Env?reward=last&seeds=3'
+    """
+    query = "&".join(f"{k}={v if isinstance(v, str) else json.dumps(v, sort_keys=True)}"
+                     for k, v in sorted(options.items()))
+    return f"{head}:{arg}" + (f"?{query}" if query else "")
+
+
+def import_factory(target: str, what: str) -> Callable[..., Any]:
+    """`pkg.module:attr` (an adapter's argument) imported: the callable it names. A missing
+    module or attribute is one CoevoError line prefixed with `what`."""
+    module_name, _, attr = target.partition(":")
+    if not (_DOTTED.match(module_name) and _DOTTED.match(attr)):
+        raise CoevoError(f"{what}: {target!r} must look like pkg.module:factory")
+    try:
+        return import_dotted(module_name, attr, what)
+    except ImportError as e:
+        raise CoevoError(f"{what}: cannot import {module_name!r} ({e})") from None
 
 
 def env_kinds() -> list[str]:
