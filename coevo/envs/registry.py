@@ -6,7 +6,8 @@ A spec is `<kind>:<argument>[?key=value&...]`:
   `rg:<dataset>` a reasoning-gym dataset (query keys and unknown options are the dataset's
   kwargs: `rg:basic_arithmetic?min_terms=2&max_terms=3`), `jsonl:<path>` a task file
   (`jsonl:tasks.jsonl?verifier=numeric&tolerance=0.01`, coevo/envs/jsonl.py),
-  `verifiers:pkg.module:factory` a PrimeIntellect verifiers taskset (coevo/envs/verifiers_env.py);
+  `verifiers:pkg.module:factory` a PrimeIntellect verifiers taskset (coevo/envs/verifiers_env.py),
+  `openenv:pkg.module:Env` an OpenEnv environment run in-process (coevo/envs/openenv_env.py);
 - `pkg.module:ClassOrFactory` a plugin: imported and called with the options; the result
   must satisfy `coevo.envs.base.Environment`.
 
@@ -73,11 +74,18 @@ def _verifiers(target: str, **opts: Any) -> Environment:
     return VerifiersEnv(target, **opts)
 
 
+def _openenv(target: str, **opts: Any) -> Environment:
+    from coevo.envs.openenv_env import OpenEnvEnv
+
+    return OpenEnvEnv(target, **opts)
+
+
 ENV_KINDS.add("bfcl", _bfcl)
 ENV_KINDS.add("bfcl-multi", _bfcl_multi)
 ENV_KINDS.add("rg", _rg)
 ENV_KINDS.add("jsonl", _jsonl)
 ENV_KINDS.add("verifiers", _verifiers)
+ENV_KINDS.add("openenv", _openenv)
 
 
 def _query(text: str) -> dict[str, Any]:
