@@ -1,8 +1,9 @@
 """Environments: tasks with verifiers (see base.py for the contract).
 
 `make_env(spec, **opts)` builds one from a spec string: `bfcl:<category>`,
-`bfcl-multi:<category>`, `rg:<dataset>[?kwargs]` or a plugin `pkg.module:Factory`.
-BFCL and reasoning-gym are imported only when an environment of theirs is built.
+`bfcl-multi:<category>`, `rg:<dataset>[?kwargs]`, `jsonl:PATH`, `verifiers:pkg.module:factory`,
+`openenv:pkg.module:Env` or a plugin `pkg.module:Factory`. BFCL, reasoning-gym, verifiers and
+OpenEnv are imported only when an environment of theirs is built.
 """
 
 from coevo.envs.base import SPLITS, Environment, Response, Score, Task
