@@ -127,8 +127,10 @@ class OpenEnvEnv:
                  **options: Any):
         self.core = import_openenv()
         own = {"seeds": seeds} if resets is None else {"resets": resets}
-        self.name = spec_name("openenv", target, {**options, **own,
-                                                  **({"reward": reward} if reward != "sum" else {})})
+        defaults = {"reward": "sum", "step_timeout": 30.0}
+        own.update({k: v for k, v in (("reward", reward), ("step_timeout", step_timeout))
+                    if v != defaults[k]})
+        self.name = spec_name("openenv", target, {**options, **own})
         if reward not in ("sum", "last"):
             raise CoevoError(f"{self.name}: reward must be sum or last, got {reward!r}")
         if resets is None and (not isinstance(seeds, int) or seeds < 1):

@@ -207,7 +207,8 @@ class VerifiersEnv:
         vf = import_vf()
         if not target:
             raise CoevoError("verifiers: needs a factory, e.g. verifiers:my_env:load_environment")
-        shown = {**options, **({"limit": limit} if limit is not None else {})}
+        shown = {**options, **({"limit": limit} if limit is not None else {}),
+                 **({"call_timeout": call_timeout} if call_timeout != 30.0 else {})}
         self.name = spec_name("verifiers", target, shown)
         self.split = split_field(split)
         self.limit, self.call_timeout = limit, call_timeout
