@@ -327,16 +327,17 @@ def run_view(store: Store, run: str) -> Group:
     ct = Table(title="checkpoints")
     for col in ("round", "id", "step", "sha256", "path"):
         ct.add_column(col)
-    for r, c in _checkpoints(store, rec, rows):
+    for r, c in run_checkpoints(store, rec, rows):
         ct.add_row(fmt(r), short(c.id), str(c.step), short(c.sha256), plain(c.path))
     return Group(head, rt, bt, ct)
 
 
-def _checkpoints(store: Store, rec: RunRecord, rows: list[RoundRow]) -> list[tuple[int | None, Any]]:
-    """The checkpoints the round summaries name, plus the run's latest one, oldest step first.
-    (The store has no per-run checkpoint listing; see the report to the lead.)"""
+def run_checkpoints(store: Store, rec: RunRecord,
+                    rows: list[RoundRow] | None = None) -> list[tuple[int | None, Any]]:
+    """(round, checkpoint) of the checkpoints the round summaries name, plus the run's latest
+    one, oldest step first. (The store has no per-run checkpoint listing.)"""
     seen: dict[str, Any] = {}
-    for r in rows:
+    for r in rows if rows is not None else round_rows(store, rec):
         for cid in [*r.checkpoints, *([r.checkpoint] if r.checkpoint else [])]:
             if cid not in seen:
                 try:

@@ -12,6 +12,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from coevo import cli_output as out
+from coevo.cli_output import JsonOption
 from coevo.errors import CoevoError
 from coevo.cliflags import choice, not_empty, proposal_status
 from coevo.oneline import OneLineGroup
@@ -100,7 +102,7 @@ def init(
         table.add_column(col)
     for a, h in zip(found, hashes):
         table.add_row(a.kind, a.name, _short(h), "exists" if h in known else "new")
-    console.print(table)
+    out.show(console, table)
     console.print(f"store: {store.url} (schema {store.current_revision()})")
 
 
@@ -129,7 +131,7 @@ def db_current(db: Optional[str] = DbOption) -> None:
 # or a unique hash prefix.
 
 
-def _list(kind: str, db: Optional[str]) -> None:
+def _list(kind: str, db: Optional[str], as_json: bool) -> None:
     store = _store(db)
     rows = store.list_assets(kind)
     table = Table(title=f"{kind} versions")
@@ -137,13 +139,15 @@ def _list(kind: str, db: Optional[str]) -> None:
         table.add_column(col)
     for r in rows:
         table.add_row(r.name, _short(r.hash), _short(r.parent), r.created_at.strftime("%Y-%m-%d %H:%M:%S"))
-    console.print(table)
+    out.emit(console, as_json, lambda: out.assets_doc(store, kind), lambda: table)
 
 
-def _show(kind: str, ref: str, db: Optional[str]) -> None:
+def _show(kind: str, ref: str, db: Optional[str], as_json: bool) -> None:
     from coevo.assets import format_asset
 
     store = _store(db)
+    if as_json:
+        return out.print_json(out.asset_doc(store, kind, ref))
     rec = store.resolve(kind, ref)
     asset = store.get_asset(kind, rec.hash)
     console.print(f"# {kind} {rec.name} {rec.hash} (parent {_short(rec.parent)})", highlight=False, soft_wrap=True)
@@ -154,15 +158,15 @@ def _show(kind: str, ref: str, db: Optional[str]) -> None:
 
 
 @harness_app.command("list")
-def harness_list(db: Optional[str] = DbOption) -> None:
+def harness_list(db: Optional[str] = DbOption, as_json: bool = JsonOption) -> None:
     """List stored harness versions."""
-    _list("harness", db)
+    _list("harness", db, as_json)
 
 
 @harness_app.command("show")
-def harness_show(ref: str, db: Optional[str] = DbOption) -> None:
+def harness_show(ref: str, db: Optional[str] = DbOption, as_json: bool = JsonOption) -> None:
     """Print a harness version as its YAML file."""
-    _show("harness", ref, db)
+    _show("harness", ref, db, as_json)
 
 
 @harness_app.command("diff")
@@ -197,27 +201,27 @@ def harness_export(
 
 
 @skills_app.command("list")
-def skills_list(db: Optional[str] = DbOption) -> None:
+def skills_list(db: Optional[str] = DbOption, as_json: bool = JsonOption) -> None:
     """List stored skill versions."""
-    _list("skill", db)
+    _list("skill", db, as_json)
 
 
 @skills_app.command("show")
-def skills_show(ref: str, db: Optional[str] = DbOption) -> None:
+def skills_show(ref: str, db: Optional[str] = DbOption, as_json: bool = JsonOption) -> None:
     """Print a skill version as its SKILL.md."""
-    _show("skill", ref, db)
+    _show("skill", ref, db, as_json)
 
 
 @rubrics_app.command("list")
-def rubrics_list(db: Optional[str] = DbOption) -> None:
+def rubrics_list(db: Optional[str] = DbOption, as_json: bool = JsonOption) -> None:
     """List stored rubric versions."""
-    _list("rubric", db)
+    _list("rubric", db, as_json)
 
 
 @rubrics_app.command("show")
-def rubrics_show(ref: str, db: Optional[str] = DbOption) -> None:
+def rubrics_show(ref: str, db: Optional[str] = DbOption, as_json: bool = JsonOption) -> None:
     """Print a rubric version as its YAML file."""
-    _show("rubric", ref, db)
+    _show("rubric", ref, db, as_json)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -260,35 +264,28 @@ def eval_cmd(
     seed: int = typer.Option(0, "--seed"),
     executor: str = typer.Option("local", "--executor", callback=choice("local", "ray"), help="local | ray"),
     db: Optional[str] = DbOption,
+    as_json: bool = JsonOption,
 ) -> None:
     """Evaluate fixed assets (+ checkpoint) on a split; store every trajectory and result."""
+    from coevo.cli_progress import Bars
     from coevo.evaluate import evaluate
     from coevo.executors import make_executor
     from coevo.models.registry import load_backend
+    from coevo.oneline import err
 
     store = _store(db)
     assets = load_agent_assets(store, harness, rubric, skills)
-    with console.status(f"loading {escaped(model)}"):
+    ui = err if as_json else console  # with --json, stdout holds the document only
+    with ui.status(f"loading {escaped(model)}"):
         backend = load_backend(model) if executor == "local" else None
     # llm_judge criteria are answered by the policy's own model (as in a run without `judge`)
     ex = make_executor(executor, backend=model, judge=model) if executor != "local" else None
-    with console.status(f"running {escaped(env)} {escaped(split)}"):
+    with Bars(ui) as bars:
         result = evaluate(store, env, assets, backend, split=split, n=n, samples=samples,
-                          seed=seed, checkpoint=checkpoint, executor=ex, judge=backend)
-    console.print(eval_table(result))
-
-
-def eval_table(result) -> Table:
-    t = Table(title=f"{escaped(result.env)} {escaped(result.split)} (evaluation {_short(result.evaluation)})")
-    for col in ("mean [95% CI]", "success", "reward", "turns", "tokens", "seconds", "infra fail"):
-        t.add_column(col)
-    f = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
-    ci = f"{f(result.mean)} [{f(result.ci_low)}, {f(result.ci_high)}]"
-    t.add_row(ci, f(result.success_rate), f(result.reward_mean), f(result.mean_turns),
-              str(result.tokens_total), f"{result.seconds:.1f}", str(result.n_infra_failures))
-    if result.criteria:
-        t.caption = "partial credit: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(result.criteria.items()))
-    return t
+                          seed=seed, checkpoint=checkpoint, executor=ex, judge=backend,
+                          progress=bars.counter(f"eval {env} {split}"))
+    out.emit(console, as_json, lambda: result.model_dump(mode="json"),
+             lambda: out.eval_table(result))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -296,19 +293,21 @@ def eval_table(result) -> Table:
 
 
 @runs_app.command("list")
-def runs_list(db: Optional[str] = DbOption) -> None:
+def runs_list(db: Optional[str] = DbOption, as_json: bool = JsonOption) -> None:
     """List runs with their rounds, acceptances and last validation score."""
     from coevo.audit import runs_table
 
-    console.print(runs_table(_store(db)))
+    store = _store(db)
+    out.emit(console, as_json, lambda: out.runs_doc(store), lambda: runs_table(store))
 
 
 @runs_app.command("show")
-def runs_show(run: str, db: Optional[str] = DbOption) -> None:
+def runs_show(run: str, db: Optional[str] = DbOption, as_json: bool = JsonOption) -> None:
     """Rounds (val and test scores, incumbent versions), budgets and checkpoints of a run."""
     from coevo.audit import run_view
 
-    console.print(run_view(_store(db), run))
+    store = _store(db)
+    out.emit(console, as_json, lambda: out.run_doc(store, run), lambda: run_view(store, run))
 
 
 @proposals_app.command("list")
@@ -317,11 +316,14 @@ def proposals_list(
     status: Optional[str] = typer.Option(None, "--status", callback=proposal_status,
                                          help="accepted | rejected | invalid | pending"),
     db: Optional[str] = DbOption,
+    as_json: bool = JsonOption,
 ) -> None:
     """List proposals with the gate's reason for each decision."""
     from coevo.audit import proposals_table
 
-    console.print(proposals_table(_store(db), run=run, status=status))
+    store = _store(db)
+    out.emit(console, as_json, lambda: out.proposals_doc(store, run, status),
+             lambda: proposals_table(store, run=run, status=status))
 
 
 @proposals_app.command("show")
@@ -329,12 +331,15 @@ def proposals_show(
     id: str,
     prompt: bool = typer.Option(False, "--prompt", help="Also print the proposer's prompt and raw output."),
     db: Optional[str] = DbOption,
+    as_json: bool = JsonOption,
 ) -> None:
     """A proposal: diff against its parent, rationale, per-task evidence, statistics, reason."""
     from coevo.audit import find_proposal, proposal_view
 
     store = _store(db)
-    console.print(proposal_view(store, find_proposal(store, id).id, show_prompt=prompt))
+    p = find_proposal(store, id)
+    out.emit(console, as_json, lambda: out.proposal_doc(store, p),
+             lambda: proposal_view(store, p.id, show_prompt=prompt))
 
 
 def _review(id: str, decision: str, by: str, note: str, db: Optional[str]) -> None:
@@ -371,11 +376,14 @@ def lineage(
     kind: Optional[str] = typer.Option(None, "--kind", callback=choice("harness", "skill", "skill_library", "rubric"),
                                        help="harness | skill | skill_library | rubric"),
     db: Optional[str] = DbOption,
+    as_json: bool = JsonOption,
 ) -> None:
     """Tree of a version's ancestors and descendants, with the status of each proposal."""
     from coevo.audit import lineage_tree
 
-    console.print(lineage_tree(_store(db), version, kind=kind))
+    store = _store(db)
+    out.emit(console, as_json, lambda: out.lineage_doc(store, version, kind),
+             lambda: lineage_tree(store, version, kind=kind))
 
 
 @app.command()
@@ -435,9 +443,12 @@ def _run_and_summarise(cfg, store, resume: Optional[str]) -> None:
 
     from coevo.loop import run_coevolution
 
+    from coevo.cli_progress import Bars
+
     t0 = time.perf_counter()
-    res = run_coevolution(cfg, store, resume=resume,
-                          progress=lambda m: console.print(escaped(m), highlight=False))
+    with Bars(console) as bars:  # messages print above the live bars
+        res = run_coevolution(cfg, store, resume=resume, on_count=bars,
+                              progress=lambda m: console.print(escaped(m), highlight=False))
     console.print(f"\n[bold]run {escaped(res.name)}[/bold] ({res.run[:12]}) finished in {time.perf_counter() - t0:.0f} s")
     def score(summary: dict, key: str) -> str:
         val, ci = summary.get(f"{key}_score"), summary.get(f"{key}_ci") or [None, None]

@@ -40,7 +40,8 @@ def train_cmd(
     db: Optional[str] = DbOption,
 ) -> None:
     """Run one RL stage (multi-turn GRPO, LoRA) under fixed assets; checkpoints go to the store."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                               TimeElapsedColumn, TimeRemainingColumn)
 
     from coevo.models.registry import load_backend
     from coevo.rl.config import LoraSettings, TrainConfig
@@ -94,8 +95,9 @@ def train_cmd(
         elif rollout_model:
             remote = LocalExecutor(load_backend(rollout_model), judge=backend)
         cols = (TextColumn("[bold]RL[/bold]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                TextColumn("{task.fields[info]}"))
-        with Progress(*cols, console=console) as bar:
+                TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[info]}"))
+        # steps take tens of seconds: estimate the speed over ten minutes (rich's default: 30 s)
+        with Progress(*cols, console=console, speed_estimate_period=600.0) as bar:
             task = bar.add_task("rl", total=steps, info="")
 
             def on_step(log) -> None:

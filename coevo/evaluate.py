@@ -176,6 +176,24 @@ def _checkpoint(store: Any, ref: str | None) -> tuple[str | None, str | None]:
     return rec.id, str(folder)
 
 
+class _Counter:
+    """An executor's on_episode hook reporting (episodes ended, total) to `progress`."""
+
+    def __init__(self, progress: Callable[[int, int], None], total: int):
+        self.progress, self.total, self.done = progress, total, 0
+        progress(0, total)
+
+    def __call__(self, _: Trajectory) -> None:
+        self.done += 1
+        self.progress(min(self.done, self.total), self.total)
+
+    def finish(self) -> None:
+        """Episodes an executor returned without reporting (a lost worker's) count as ended."""
+        if self.done < self.total:
+            self.done = self.total
+            self.progress(self.total, self.total)
+
+
 def evaluate(store: Any, env: str | Environment, assets: AgentAssets,
              backend: Backend | None = None, *, tasks: Sequence[Task] | None = None,
              split: str = "val", n: int | None = None, samples: int = 1, seed: int = 0,
@@ -183,7 +201,8 @@ def evaluate(store: Any, env: str | Environment, assets: AgentAssets,
              executor: Executor | None = None, store_trajectories: bool = True,
              task_seeds: dict[str, list[int]] | None = None, judge: Backend | None = None,
              key: str | None = None,
-             on_stored: Callable[[EvalResult], None] | None = None) -> EvalResult:
+             on_stored: Callable[[EvalResult], None] | None = None,
+             progress: Callable[[int, int], None] | None = None) -> EvalResult:
     """Run `samples` episodes of each task (given `tasks`, or `env.tasks(split, n)`), store
     every trajectory and result row under a new evaluation, and return its summary.
 
@@ -194,7 +213,9 @@ def evaluate(store: Any, env: str | Environment, assets: AgentAssets,
     key: an idempotency key: when an evaluation is stored under it, that one is returned
     (nothing runs); otherwise the new one is stored under it. on_stored(result): called inside
     the transaction that stores the evaluation (e.g. to charge its cost, so the charge and the
-    rows are written together or not at all).
+    rows are written together or not at all). progress(done, total): episodes ended of the
+    episodes to run, (0, total) first and (total, total) last (not called when `key` finds a
+    stored evaluation: nothing runs).
     """
     if split not in SPLITS:
         raise CoevoError(f"split: {split!r}; expected one of {', '.join(SPLITS)}")
@@ -216,7 +237,12 @@ def evaluate(store: Any, env: str | Environment, assets: AgentAssets,
     t0 = time.perf_counter()
     job = EpisodeJob(env=env, tasks=task_list, assets=assets, samples=samples, seed=seed,
                      split=split, checkpoint=ckpt_id, adapter=adapter, task_seeds=task_seeds)
-    trajs = executor.run(job)
+    if progress is None:
+        trajs = executor.run(job)
+    else:
+        counter = _Counter(progress, job.episodes)
+        trajs = executor.run(job, on_episode=counter)
+        counter.finish()
     if len(trajs) != job.episodes:
         raise CoevoError(f"executor {executor.name!r} returned {len(trajs)} trajectories for "
                          f"{job.episodes} episodes")

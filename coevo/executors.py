@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -176,9 +177,10 @@ def _ensure_adapter(backend: Any, adapter: str | None) -> None:
     load(adapter)
 
 
-def run_job(job: EpisodeJob, backend: Backend, judge: Backend | None = None) -> list[Trajectory]:
+def run_job(job: EpisodeJob, backend: Backend, judge: Backend | None = None,
+            on_episode: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
     """Run a job on `backend` in this process (what every executor does in the end); `judge`
-    answers the rubric's llm_judge criteria."""
+    answers the rubric's llm_judge criteria; `on_episode(trajectory)` hears each episode end."""
     import asyncio
 
     from coevo.agent.episode import run_episodes, run_episodes_sync
@@ -189,7 +191,8 @@ def run_job(job: EpisodeJob, backend: Backend, judge: Backend | None = None) -> 
     check_judge(a.rubric, judge)
     common = dict(samples=job.samples, checkpoint=job.checkpoint, split=job.split,
                   library=a.library, judge=judge, tool_timeout=job.tool_timeout,
-                  max_concurrency=job.max_concurrency, temperatures=job.temperatures)
+                  max_concurrency=job.max_concurrency, temperatures=job.temperatures,
+                  on_episode=on_episode)
     if job.task_seeds is None:
         return run_episodes_sync(env, job.tasks, a.harness, a.skills, a.rubric, backend,
                                  seeds=job.seed, **common)
@@ -246,11 +249,14 @@ class Executor(Protocol):
       data), never an exception; a job that cannot start at all (unknown environment, a backend
       that cannot be built) raises `coevo.errors.CoevoError` with a one-line reason.
     - `close()` releases workers; it is idempotent. Executors are context managers.
+    - `on_episode(trajectory)`, when given, is called in this process for every trajectory
+      once it is back (as each episode ends, or as each worker's share returns): progress only.
     """
 
     name: str
 
-    def run(self, job: EpisodeJob) -> list[Trajectory]: ...
+    def run(self, job: EpisodeJob,
+            on_episode: Callable[[Trajectory], None] | None = None) -> list[Trajectory]: ...
 
     def close(self) -> None: ...
 
@@ -277,8 +283,9 @@ class LocalExecutor(_Closing):
             raise CoevoError("local executor: needs a backend")
         self.backend, self.judge = backend, judge
 
-    def run(self, job: EpisodeJob) -> list[Trajectory]:
-        return run_job(job, self.backend, self.judge)
+    def run(self, job: EpisodeJob,
+            on_episode: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
+        return run_job(job, self.backend, self.judge, on_episode)
 
 
 # --- Ray ---------------------------------------------------------------------------------------
@@ -313,8 +320,9 @@ class _EpisodeWorker:
     def ready(self) -> str:
         return getattr(self.backend, "name", "")
 
-    def run(self, job: EpisodeJob) -> list[Trajectory]:
-        return run_job(job, self.backend, self.judge)
+    def run(self, job: EpisodeJob,
+            on_episode: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
+        return run_job(job, self.backend, self.judge, on_episode)
 
 
 def _shards(n: int, parts: int) -> list[tuple[int, int]]:
@@ -453,7 +461,8 @@ class RayExecutor(_Closing):
             raise CoevoError(f"ray executor: backend {self.backend.spec!r} could not be built "
                              f"on a worker: {_one_line(exc)}") from None
 
-    def run(self, job: EpisodeJob) -> list[Trajectory]:
+    def run(self, job: EpisodeJob,
+            on_episode: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
         import ray
 
         if not self._actors:
@@ -472,6 +481,9 @@ class RayExecutor(_Closing):
                 got.append(ray.get(ref))
             except ray.exceptions.RayError as exc:
                 got.append(exc)
+                continue
+            for t in got[-1] if on_episode is not None else ():
+                on_episode(t)
         out: list[Trajectory] = []
         for part, res in zip(parts, got):
             if isinstance(res, ray.exceptions.RayTaskError):

@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from coevo.evaluate import evaluate
@@ -103,12 +105,15 @@ def judge_gated(run: Any, r: int, incumbent: Incumbent,
             out[i] = (Decision(accepted=False, reason=f"not gated: round budget exhausted ({short})",
                                statistic={}, policy="budget", rollouts=0), None)
             continue
-        if cand.kind == "rubric":
-            out[i] = judge_rubric(run, r, incumbent, cand, arms)
-            continue
-        evidence, _ = compare(arms.runner(incumbent.with_candidate(cand)), run.val, policy,
-                              samples=run.cfg.splits.val_samples, seed=run.cfg.seed + r,
-                              test_guard=run.test_ids, family_size=m)
+        rubric = cand.kind == "rubric"  # validity: the incumbent arm on every val task
+        with arms.counting(f"round {r}: gate {i + 1}/{len(pending)}",
+                           run.val if rubric else run.val[:policy.max_tasks], both=not rubric):
+            if rubric:
+                out[i] = judge_rubric(run, r, incumbent, cand, arms)
+                continue
+            evidence, _ = compare(arms.runner(incumbent.with_candidate(cand)), run.val, policy,
+                                  samples=run.cfg.splits.val_samples, seed=run.cfg.seed + r,
+                                  test_guard=run.test_ids, family_size=m)
         tested.append((i, evidence))
         kill_point(f"gate_candidate:{r}:{i}")
     for (i, evidence), d in zip(tested, decide_family([e for _, e in tested], run.cfg.gate, m)):
@@ -184,6 +189,25 @@ class ArmScores:
         self.cache: dict[tuple[str, int], Any] = {}  # incumbent arm: (task id, seed) -> score
         self.evaluations: list[str] = []  # the incumbent arm's (their episodes, for rubrics)
         self.count = 0  # evaluations asked for this round (run or reused): the kill points
+        self.phase, self.total, self.done, self.ran = "", 0, 0, 0  # the comparison's run.count
+
+    @contextmanager
+    def counting(self, phase: str, tasks: list[Any], both: bool) -> Iterator[None]:
+        """Count the episodes run inside as `phase` (run.count): at most every task's samples
+        for the candidate arm (`both`) plus those the incumbent arm has not cached; a
+        sequential comparison that stops early ends its count where it stopped."""
+        samples, seed = self.run.cfg.splits.val_samples, self.run.cfg.seed + self.r
+        todo = sum((t.id, seed_for(t.id, s, seed)) not in self.cache
+                   for t in tasks for s in range(samples))
+        self.phase, self.total, self.done = phase, todo + (len(tasks) * samples if both else 0), 0
+        self.run.count(phase, 0, self.total)
+        yield
+        self.run.count(phase, self.done, self.done)
+        self.phase = ""
+
+    def _progress(self, done: int, total: int) -> None:  # one evaluation, within the phase
+        self.ran = done
+        self.run.count(self.phase, self.done + done, max(self.total, self.done + total))
 
     def runner(self, candidate: Incumbent) -> RunArm:
         def run_arm(arm: str, tasks: list[Any], seeds: list[int]) -> list[Any]:
@@ -220,10 +244,12 @@ class ArmScores:
         def charge(res: Any) -> None:
             run.store.charge(run.id, eval_charge(res), round=r, key=f"{GATE_KEY}{key}")
 
+        self.ran = 0
         res = evaluate(run.store, run.parts.env, who.agent_assets(), run.parts.backend,
                        tasks=tasks, split="val", samples=samples, task_seeds=seeds,
                        checkpoint=who.checkpoint, run=run.id, round=r, judge=run.judge,
-                       key=key, on_stored=charge)
+                       key=key, on_stored=charge, progress=self._progress if self.phase else None)
+        self.done += self.ran
         self.ledger.add(eval_charge(res))
         if who is self.inc:
             self.evaluations.append(res.evaluation)

@@ -27,6 +27,10 @@ idempotency key with its budget charge in the same transaction, and every charge
 entered with resume=True, so an interrupted stage continues from its latest stored checkpoint
 and a finished one is a no-op. `COEVO_TEST_KILL_AT=<point>` SIGKILLs the process at a named
 point (coevo/killpoints.py): a hook for the crash tests, a no-op otherwise.
+
+Observers. `progress(message)` hears a line per stage; `on_count(phase, done, total)` hears
+counts as they move (RL steps of a stage, episodes of an evaluation, episodes of one gate
+comparison), for a progress display. Neither takes part in the algorithm.
 """
 
 from __future__ import annotations
@@ -173,6 +177,7 @@ class _Run:
     val: list[Any]
     test_ids: set[str]
     progress: Callable[[str], None]
+    count: Callable[[str, int, int], None]  # (phase, done, total)
 
     @property
     def judge(self) -> Any:
@@ -183,18 +188,25 @@ class _Run:
         """An idempotency key of this run's evaluations (coevo/store: a unique index)."""
         return hashlib.sha256(json.dumps([self.id, *parts]).encode()).hexdigest()
 
+    def counter(self, phase: str) -> Callable[[int, int], None]:
+        """evaluate()'s progress hook: its (done, total) episodes, counted as `phase`."""
+        return lambda done, total: self.count(phase, done, total)
+
 
 def run_coevolution(cfg: RunConfig, store: Any, parts: Parts | None = None, *,
                     resume: str | None = None,
-                    progress: Callable[[str], None] | None = None) -> RunResult:
+                    progress: Callable[[str], None] | None = None,
+                    on_count: Callable[[str, int, int], None] | None = None) -> RunResult:
     """Run (or with `resume=RUN`, continue) the co-evolution loop of `cfg`; see the module
-    docstring. Returns every round's summary, the final incumbent and the test evaluation."""
+    docstring (Observers: `progress`, `on_count`). Returns every round's summary, the final
+    incumbent and the test evaluation."""
     preflight(cfg, store, resume)
     parts = parts or build_parts(cfg)
     check_runnable(cfg, parts, store)                              # before any row is written
     rec = find_or_create_run(cfg, store, parts, resume)
     with store.executing(rec.id):                  # the run's lease; an error marks it failed
-        run, incumbent, start = open_run(cfg, store, parts, rec, resume, progress or log.info)
+        run, incumbent, start = open_run(cfg, store, parts, rec, resume, progress or log.info,
+                                         on_count or _no_count)
         for r in range(start, cfg.rounds):
             begin_round(run, r)
             if r == 0:
@@ -260,8 +272,13 @@ def find_or_create_run(cfg: RunConfig, store: Any, parts: Parts, resume: str | N
     return rec
 
 
+def _no_count(phase: str, done: int, total: int) -> None:
+    pass
+
+
 def open_run(cfg: RunConfig, store: Any, parts: Parts, rec: Any, resume: str | None,
-             progress: Callable[[str], None]) -> tuple[_Run, Incumbent, int]:
+             progress: Callable[[str], None],
+             count: Callable[[str, int, int], None]) -> tuple[_Run, Incumbent, int]:
     """Enter the leased run: the state, the incumbent the first round to run starts from, and
     that round's index. A resumed run (a failed one too) is `running` again."""
     if resume is not None:
@@ -271,7 +288,7 @@ def open_run(cfg: RunConfig, store: Any, parts: Parts, rec: Any, resume: str | N
     env = parts.env
     val = list(env.tasks("val", cfg.splits.val_n))
     test_ids = {t.id for t in env.tasks("test")}  # every test task, not only the first test_n
-    run = _Run(cfg, store, parts, MODES[cfg.mode], rec.id, val, test_ids, progress)
+    run = _Run(cfg, store, parts, MODES[cfg.mode], rec.id, val, test_ids, progress, count)
     incumbent, start = incumbent_at(run, rec.config["seed"])
     return run, incumbent, start
 
@@ -378,7 +395,8 @@ def track_val(run: _Run, r: int, incumbent: Incumbent, key: str) -> dict[str, An
                        tasks=run.val, split="val", samples=run.cfg.splits.val_samples,
                        seed=run.cfg.seed, checkpoint=incumbent.checkpoint, run=run.id, round=r,
                        judge=run.judge, key=k, on_stored=lambda res: run.store.add_budget(
-                           run.id, "eval_rollouts", res.n_episodes, round=r, key=k))
+                           run.id, "eval_rollouts", res.n_episodes, round=r, key=k),
+                       progress=run.counter(f"round {r}: {key.replace('_', ' ')}"))
         evs[key] = res.evaluation
         with run.store.transaction():
             run.store.finish_round(run.id, r, "running", summary={
@@ -398,10 +416,12 @@ def rl_step(run: _Run, r: int, incumbent: Incumbent) -> Incumbent:
         return incumbent
     from coevo.rl.stage import rl_stage
 
-    p = run.parts
+    p, steps = run.parts, run.cfg.rl.stage.steps
+    run.count(f"round {r}: RL steps", 0, steps)  # log_rl_step counts each step
     res = rl_stage(run.store, run.id, r, p.env, incumbent.agent_assets(), p.trainer,
                    run.cfg.rl.stage, tokenizer=p.tokenizer, resume=True, backend=p.rl_backend,
                    on_step=lambda e: log_rl_step(run, r, e), judge=run.judge)
+    run.count(f"round {r}: RL steps", steps, steps)  # also when a resumed stage had none left
     if p.live_eval and res.checkpoint is not None:
         p.backend.adapter = run.store.get_checkpoint(res.checkpoint).path  # already in memory
     run.progress(f"round {r}: RL steps {res.start_step}..{res.end_step}, checkpoint {res.checkpoint}")
@@ -411,7 +431,8 @@ def rl_step(run: _Run, r: int, incumbent: Incumbent) -> Incumbent:
 def log_rl_step(run: _Run, r: int, entry: Any) -> None:
     """Append an RL step's log (reward, signal fraction, loss, KL, checkpoint) to the running
     round's summary as it happens, so a crashed stage keeps the steps it did (keyed by step:
-    a redone step replaces its entry)."""
+    a redone step replaces its entry), and count it."""
+    run.count(f"round {r}: RL steps", entry.index, entry.of)
     summary = run.store.get_round(run.id, r).summary
     steps = [x for x in summary.get("rl_steps", []) if x.get("step") != entry.step]
     update = {"rl_steps": [*steps, entry.model_dump(mode="json")]}
@@ -433,7 +454,8 @@ def collect_train_rollouts(run: _Run, r: int, incumbent: Incumbent) -> None:
     evaluate(run.store, run.parts.env, incumbent.agent_assets(), run.parts.backend,
              tasks=tasks, split="train", samples=run.cfg.splits.train_samples,
              seed=run.cfg.seed + r, run=run.id, round=r, judge=run.judge, key=k,
-             on_stored=lambda res: run.store.charge(run.id, eval_charge(res), round=r, key=k))
+             on_stored=lambda res: run.store.charge(run.id, eval_charge(res), round=r, key=k),
+             progress=run.counter(f"round {r}: train rollouts"))
 
 
 def propose_step(run: _Run, r: int, incumbent: Incumbent,
@@ -509,7 +531,8 @@ def final_step(run: _Run, incumbent: Incumbent) -> EvalResult | None:
     res = evaluate(store, run.parts.env, incumbent.agent_assets(), run.parts.backend, tasks=tasks,
                    split="test", samples=run.cfg.splits.test_samples, seed=run.cfg.seed,
                    checkpoint=incumbent.checkpoint, run=run.id, judge=run.judge,
-                   key=run.key("final", incumbent.hashes()))  # a run extended later is tested anew
+                   key=run.key("final", incumbent.hashes()),  # a run extended later is tested anew
+                   progress=run.counter("final: test"))
     with store.transaction():
         store.finish_round(run.id, last, "done", summary={
             **summary, "final_evaluation": res.evaluation, "test_score": res.mean,

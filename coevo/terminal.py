@@ -11,11 +11,13 @@ reach the terminal through rich, where such text could act instead of being show
 
 `safe` shows each such character as a visible escape (`\\x1b`, `\\u202e`), keeping newline and
 tab; `plain` makes a rich `Text` of it (never parsed as markup); `escaped` also escapes markup,
-for model text inside an f-string that is printed with markup on.
+for model text inside an f-string that is printed with markup on; `safe_json` writes JSON in
+which each such character is a `\\u` escape (the same document, inert on a terminal).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -51,3 +53,16 @@ def escaped(text: Any) -> str:
     '\\\\[bold red]x\\\\x07'
     """
     return escape(safe(text))
+
+
+def safe_json(data: Any) -> str:
+    """`data` as indented JSON, UTF-8 kept, every character `safe` escapes as a `\\u` escape
+    (json.dumps already escapes C0 controls; DEL, C1 and bidi controls it leaves raw).
+
+    >>> print(safe_json({"a": "x\\x1b\\x9b\\u202e\\u00e9"}))
+    {
+      "a": "x\\u001b\\u009b\\u202e\u00e9"
+    }
+    """
+    text = json.dumps(data, ensure_ascii=False, indent=2)
+    return _UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)

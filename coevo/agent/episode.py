@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from coevo.agent.context import ContextError, TokenSequence
@@ -185,7 +185,8 @@ async def run_episodes(env: Environment, tasks: Sequence[Task], harness: Harness
                        split: str = "train", library: Any = None, judge: Backend | None = None,
                        batcher: Any = None, tool_timeout: float = DEFAULT_TOOL_TIMEOUT_S,
                        max_concurrency: int | None = None,
-                       temperatures: dict[str, float] | None = None) -> list[Trajectory]:
+                       temperatures: dict[str, float] | None = None,
+                       on_episode: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
     """Run `samples` episodes of every task concurrently; trajectories in (task, sample) order.
 
     seeds: an int is the base seed (sample i of task t gets `sample_seed(base, t.id, i)`);
@@ -193,6 +194,7 @@ async def run_episodes(env: Environment, tasks: Sequence[Task], harness: Harness
     belong to (its hash is recorded; members are resolved from `skills` by hash). judge: the
     backend asked by llm_judge criteria. batcher: an existing DynamicBatcher to share.
     temperatures: task id -> sampling temperature in place of the harness's.
+    on_episode: called with each trajectory as its episode ends (progress display).
     """
     if backend is None and batcher is None:
         raise CoevoError("run_episodes: give a backend (or a batcher)")
@@ -222,9 +224,12 @@ async def run_episodes(env: Environment, tasks: Sequence[Task], harness: Harness
         else:
             async with limit:
                 traj = await go()
-        return traj.model_copy(update=dict(
+        traj = traj.model_copy(update=dict(
             split=split, group_id=group, sample_index=index, checkpoint=checkpoint,
             model=getattr(backend, "name", ""), **hashes))
+        if on_episode is not None:
+            on_episode(traj)
+        return traj
 
     jobs = []
     for task in tasks:
