@@ -504,6 +504,7 @@ def quickstart(
 
 
 import coevo.cli_io  # noqa: E402,F401  (registers the import/export commands)
+import coevo.cli_compare  # noqa: E402,F401  (registers `coevo compare-checkpoints`)
 import coevo.cli_train  # noqa: E402,F401  (registers `coevo train`)
 
 if __name__ == "__main__":  # pragma: no cover

@@ -38,6 +38,7 @@ from coevo.audit import (
     short,
 )
 from coevo.errors import CoevoError
+from coevo.reach import run_val_pairs
 from coevo.store.records import ReviewRecord
 from coevo.store.store import Store
 
@@ -256,6 +257,20 @@ def _proposals_table(props: Sequence[ProposalRow]) -> str:
                    "mean diff", "p", "rollouts", "reason"], rows, numeric={1, 7, 8, 9})
 
 
+def _reach_table(pairs: Sequence[Any]) -> str:
+    """Reach or solve between consecutive val evaluations (coevo/reach.py)."""
+    if not pairs:
+        return ('<p class="nodata">no two val evaluations to compare (splits.track_val stores '
+                'one at the start and after every round)</p>')
+    num = lambda x, sign="": "-" if x is None else f"{x:{sign}.3f}"  # noqa: E731
+    signed = lambda x: num(x, "+")  # noqa: E731
+    pct = lambda x: "-" if x is None else f"{x:.0%}"  # noqa: E731
+    rows = [[_esc(p.a), _esc(p.b), str(p.tasks), num(p.p_a), num(p.p_b), signed(p.gain),
+             signed(p.reach), signed(p.solve), pct(p.new_fraction_b)] for p in pairs]
+    return _table(["from", "to", "tasks", "val from", "val to", "gain", "REACH", "SOLVE",
+                   "to's episodes on new states"], rows, numeric={2, 3, 4, 5, 6, 7, 8})
+
+
 def _reviews_table(reviews: Sequence[ReviewRecord]) -> str:
     rows = [[_esc(f"{r.created_at:%Y-%m-%d %H:%M}"), _code(r.proposal), _esc(r.by),
              _esc(r.decision), _esc(r.note)] for r in reviews]
@@ -273,6 +288,7 @@ def render_report(store: Store, run: str) -> str:
     props = proposal_rows(store, run=rec.id)
     steps = rl_steps(store, rec)
     reviews = store.reviews(run=rec.id)  # gate.human_review: who approved or vetoed what
+    reach = run_val_pairs(store, rec.id)
     plots = "".join(_plot(body) for body in (
         plot_val_scores(rounds), plot_rl_reward(steps), plot_acceptance(props),
         plot_budgets(budgets, rounds)))
@@ -287,6 +303,9 @@ status {_esc(rec.status)} &middot; {len(rounds)} rounds &middot; {len(props)} pr
 <h2>Plots</h2><div class="plots">{plots}</div>
 <h2>Rounds</h2>{_rounds_table(rounds)}
 <h2>Budgets</h2>{_budgets_table(budgets)}
+<h2>Reach or solve</h2><p class="meta">Each val gain split into REACH (success through states
+the earlier evaluation never reached) and SOLVE (from states both reached); REACH + SOLVE =
+gain (coevo/reach.py).</p>{_reach_table(reach)}
 <h2>Acceptance by proposer</h2>{_acceptance_table(props) or '<p class="nodata">no proposals</p>'}
 <h2>Proposals</h2>{_proposals_table(props)}
 {f"<h2>Human reviews</h2>{_reviews_table(reviews)}" if reviews else ""}

@@ -72,6 +72,19 @@ def build_messages(harness: Harness, task: Task, active_skills: list[Any]) -> li
     return messages
 
 
+def first_prompt(harness: Harness, task: Task, skills: Sequence[Any] = ()
+                 ) -> tuple[list[dict], list[dict] | None, list[Any]]:
+    """What an episode's first prompt is built from: its messages (`build_messages` with the
+    skills the harness activates for the task), the tool specs the chat template renders
+    itself (None unless tool_format is chat_template) and the active skills."""
+    active = select_skills(list(skills), skill_query(task.messages, task.tools),
+                           top_k=harness.skills.top_k, method=harness.skills.method)
+    template_tools = None
+    if harness.tool_format == "chat_template":  # the template renders the tool docs itself
+        template_tools = harness.tool_specs(task.tools)
+    return build_messages(harness, task, active), template_tools, active
+
+
 def harness_tools(harness: Harness, scored_only: bool = False) -> dict[str, Tool]:
     """The implementations of the harness's own tools (agent/tools.py registry). With
     `scored_only` (a single-turn environment: calls are scored, never executed) a tool coevo
@@ -114,12 +127,7 @@ async def run_episode(env: Environment, task: Task, harness: Harness, *, generat
     t0 = time.perf_counter()
     wf = harness.workflow
     own_tools = harness_tools(harness, scored_only=env.single_turn)
-    active = select_skills(list(skills), skill_query(task.messages, task.tools),
-                           top_k=harness.skills.top_k, method=harness.skills.method)
-    messages = build_messages(harness, task, active)
-    template_tools = None
-    if harness.tool_format == "chat_template":  # the template renders the tool docs itself
-        template_tools = harness.tool_specs(task.tools)
+    messages, template_tools, active = first_prompt(harness, task, skills)
     traj = Trajectory(env=env.name, task_id=task.id, seed=seed,
                       active_skills=[s.name for s in active])
     try:

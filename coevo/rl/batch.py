@@ -55,6 +55,10 @@ class Sample:
     processing: TokenProcessing | None = None
     # [n] per-position advantages when the estimator credits turns (None: `advantage` everywhere)
     token_adv: torch.Tensor | None = None
+    # False: its group carries no reward signal and it is trained by the teacher term alone
+    # (coevo/rl/teacher.py); the GRPO term leaves it out.
+    signal: bool = True
+    teacher_logp: torch.Tensor | None = None  # [n] under the teacher's context, when it has one
 
     @property
     def adv_tokens(self) -> torch.Tensor:
@@ -161,9 +165,12 @@ def _make_group(gid: str, samples: list[Sample]) -> Group | None:
 
 
 def plan_grpo(trajs: Sequence[Trajectory], scale: Scale = "std", eps: float = 1e-6,
-              need_logprobs: bool = True, estimator: AdvantageEstimator | None = None) -> Plan:
+              need_logprobs: bool = True, estimator: AdvantageEstimator | None = None,
+              keep_all: bool = False) -> Plan:
     """Group trajectories, drop infra failures, credit them (`estimator`, default `grpo`
-    with `scale` / `eps`), keep the groups with any nonzero credit (learning signal)."""
+    with `scale` / `eps`), keep the groups with any nonzero credit (learning signal).
+    `keep_all` also keeps the groups without signal, after them, their samples marked
+    `signal=False` (a teacher term trains on them; the counts are unchanged)."""
     groups = _by_group(trajs)
     excluded = 0
     kept: OrderedDict[str, list[Trajectory]] = OrderedDict()
@@ -176,11 +183,14 @@ def plan_grpo(trajs: Sequence[Trajectory], scale: Scale = "std", eps: float = 1e
     credits = est.credit(kept)
     signal = [gid for gid in kept if any(c.nonzero for c in credits[gid])]
     out: list[Group] = []
-    for gid in signal:
+    quiet = [gid for gid in kept if gid not in set(signal)] if keep_all else []
+    for gid in [*signal, *quiet]:
         g = _make_group(gid, [to_sample(t, c.episode, need_logprobs,
                                         token_adv=token_advantages(t, c))
                               for t, c in zip(kept[gid], credits[gid])])
         if g is not None:
+            for smp in g.samples:
+                smp.signal = gid not in quiet
             out.append(g)
     all_r = [float(t.reward) for ms in kept.values() for t in ms]
     return Plan(
@@ -222,6 +232,8 @@ class MicroBatch:
     advantages: torch.Tensor  # [B], or [B, W] per token when an estimator credits turns
     cost: int = field(default=0)  # tokens through the model (shared prompt counted once)
     processing: WindowProcessing | None = None  # how the scored tokens were sampled
+    teacher_logp: torch.Tensor | None = None  # [B, W] under the teacher's context
+    signal: torch.Tensor | None = None  # [B] 1.0 where the GRPO term applies (None: every row)
 
     @property
     def width(self) -> int:
@@ -232,7 +244,7 @@ class MicroBatch:
         return MicroBatch(self.samples, move(self.prompt_ids), move(self.input_ids), self.start,
                           move(self.targets), move(self.mask), move(self.old_logp),
                           move(self.ref_logp), move(self.advantages), self.cost,
-                          self.processing)
+                          self.processing, move(self.teacher_logp), move(self.signal))
 
 
 def _window(samples: Sequence[Sample], start: int, width: int, attr: str) -> torch.Tensor:
@@ -247,6 +259,7 @@ def make_microbatch(samples: Sequence[Sample], shared_len: int = 0) -> MicroBatc
     """Pad `samples` into one micro-batch; shared_len > 0 selects the shared-prompt layout."""
     samples = list(samples)
     with_ref = all(s.ref_logp is not None for s in samples)
+    with_teacher = all(s.teacher_logp is not None for s in samples)
     if shared_len:
         start = shared_len
         width = max(s.n for s in samples) - start
@@ -271,6 +284,9 @@ def make_microbatch(samples: Sequence[Sample], shared_len: int = 0) -> MicroBatc
         old_logp=_window(samples, start, width, "old_logp"),
         ref_logp=_window(samples, start, width, "ref_logp") if with_ref else None,
         advantages=advantages, cost=microbatch_cost(samples, shared_len),
+        teacher_logp=_window(samples, start, width, "teacher_logp") if with_teacher else None,
+        signal=None if all(s.signal for s in samples) else torch.tensor(
+            [float(s.signal) for s in samples]),
     )
 
 

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from coevo.errors import AssetError
 from coevo.registry import choice_validators
 from coevo.rl.estimators import ESTIMATORS
+from coevo.rl.teacher import TeacherConfig
 
 
 class LoraSettings(BaseModel):
@@ -50,6 +51,9 @@ class TrainConfig(BaseModel):
     # Credit assignment (coevo/rl/estimators/): grpo | gigpo | progress, with its options.
     estimator: str = "grpo"
     estimator_options: dict[str, Any] = Field(default_factory=dict)
+    # On-policy distillation from the base model under a richer context (coevo/rl/teacher.py):
+    # {kind: none | distill, harness, skill_library, demos, weight, schedule}.
+    teacher: TeacherConfig = Field(default_factory=TeacherConfig)
 
     # Schedule
     num_updates_per_batch: int = Field(1, ge=1)  # > 1: old log-probs recomputed before update 1
@@ -70,6 +74,9 @@ class TrainConfig(BaseModel):
         if self.kl_coef > 0 and not self.lora.enabled:
             raise ValueError("kl_coef > 0 needs lora.enabled (the reference is the base model "
                              "with the adapter disabled)")
+        if self.teacher.kind != "none" and not self.lora.enabled:
+            raise ValueError("teacher needs lora.enabled (the teacher is the base model with "
+                             "the adapter disabled)")
         return self
 
     @classmethod

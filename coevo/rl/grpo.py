@@ -91,6 +91,21 @@ def _k3(d: torch.Tensor) -> torch.Tensor:  # d = ref_logp - logp
     return torch.exp(d) - d - 1.0
 
 
+def aggregate(per_token: torch.Tensor, live: torch.Tensor, agg: Agg = "token",
+              denom: float | None = None) -> torch.Tensor:
+    """The scalar loss of per-token terms [B, W] over the live positions: their sum / denom
+    (agg "token"), or each sequence's mean summed / denom (agg "sequence"); denom defaults to
+    the live tokens (sequences) of this micro-batch. Masked positions count exactly zero."""
+    per_token = torch.where(live, per_token, torch.zeros_like(per_token))
+    m = live.to(per_token.dtype)
+    if agg == "token":
+        d = float(denom) if denom is not None else max(float(m.sum()), 1.0)
+        return per_token.sum() / d
+    per_seq = per_token.sum(dim=1) / m.sum(dim=1).clamp(min=1.0)  # [B]
+    d = float(denom) if denom is not None else max(float((m.sum(dim=1) > 0).sum()), 1.0)
+    return per_seq.sum() / d
+
+
 def policy_loss(
     new_logp: torch.Tensor,  # [B, W] log pi(token) under the current policy (with grad)
     old_logp: torch.Tensor,  # [B, W] log pi_old(token): sampling or recomputed, no grad
@@ -132,15 +147,8 @@ def policy_loss(
         if kl_coef:
             per_token = per_token + kl_coef * kl_tok
 
-    per_token = torch.where(live, per_token, torch.zeros_like(per_token))
+    loss = aggregate(per_token, live, agg, denom)
     n_tok = m.sum()
-    if agg == "token":
-        d = float(denom) if denom is not None else max(float(n_tok), 1.0)
-        loss = per_token.sum() / d
-    else:
-        per_seq = per_token.sum(dim=1) / m.sum(dim=1).clamp(min=1.0)  # [B]
-        d = float(denom) if denom is not None else max(float((m.sum(dim=1) > 0).sum()), 1.0)
-        loss = per_seq.sum() / d
 
     with torch.no_grad():
         n = max(float(n_tok), 1.0)

@@ -5,7 +5,8 @@ A checkpoint directory keeps the standard peft layout, so any consumer can load 
 
     adapter_model.safetensors   the adapter weights (full fine-tuning: model.safetensors)
     adapter_config.json         peft's LoraConfig (full fine-tuning: config.json)
-    trainer_state.pt            AdamW state, RNG states, step (plain tensors / numbers only,
+    trainer_state.pt            AdamW state, RNG states, step, the teacher schedule's running
+                                means (coevo/rl/teacher.py) (plain tensors / numbers only,
                                 loaded with torch.load(weights_only=True): no pickled code)
     coevo_checkpoint.json       CheckpointInfo: sha256 of the weights file, step, base model
 
@@ -102,6 +103,7 @@ def save_checkpoint(trainer: "Trainer", directory: str | Path) -> CheckpointInfo
         "param_names": [n for n, _ in trainer.named_trainable_parameters()],
         "rng": _rng_state(),
         "step": trainer.step_count,
+        "teacher": trainer.teacher.state_dict(),
     }, d / STATE_FILE)
     info = CheckpointInfo(path=str(d), sha256=file_sha256(weights), step=trainer.step_count,
                           base_model=trainer.base_model)
@@ -160,4 +162,5 @@ def load_checkpoint(trainer: "Trainer", directory: str | Path) -> CheckpointInfo
     state["rng"]["torch"] = state["rng"]["torch"].cpu()
     _set_rng_state(state["rng"])
     trainer.step_count = int(state["step"])
+    trainer.teacher.load_state_dict(state.get("teacher") or {})  # absent: saved before teachers
     return info

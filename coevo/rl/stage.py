@@ -6,6 +6,7 @@ store the trajectories, take a GRPO step, checkpoint every K steps; resumable fr
         temps  = schedule.temperatures(s, tasks)        # fixed, or tempered by pass rates
         trajs  = rollouts(policy, tasks, G, seed(s), temps)  # the trainer's in-memory model
         store.add_trajectories(trajs, run, round)
+        if teacher.due(s): teacher reward on the same tasks, G, seeds (coevo/rl/teacher.py)
         stats  = trainer.train_step(trajs)              # SFT warm-up steps, then GRPO
         if (s + 1 - start) % K == 0 or last: save checkpoint, add its store row
 
@@ -48,6 +49,7 @@ from coevo.envs.base import Environment
 from coevo.errors import CoevoError
 from coevo.executors import AgentAssets, EpisodeJob, LocalExecutor, resolve_env
 from coevo.rl.estimators import EstimatorContext
+from coevo.rl.teacher import measure_teacher
 from coevo.registry import choice_validators
 from coevo.rl.temperature import TEMPERATURES, build_temperature
 from coevo.rl.sampling import (  # noqa: F401  (re-exported)
@@ -133,6 +135,9 @@ class StepLog(BaseModel):
     seconds_rollout: float
     seconds_train: float
     checkpoint: str | None = None  # the store id, when this step saved one
+    teacher_weight: float = 0.0  # weight of the teacher term (coevo/rl/teacher.py; 0: none)
+    teacher_kl: float = 0.0  # mean sampled reverse KL to the teacher per policy token
+    teacher_reward: float | None = None  # the teacher's reward, when measured at this step
 
 
 class StageResult(BaseModel):
@@ -241,6 +246,8 @@ def rl_stage(store: Any, run: str, round: int, env: str | Environment, assets: A
         trainer.tokenizer = tokenizer  # replays the grammar of constrained turns
     # Estimators that rescore episodes (progress) see the stage's environment and rubric.
     trainer.context = EstimatorContext(env=env, rubric=assets.rubric)
+    teacher = trainer.teacher
+    teacher.bind(env=env, assets=assets, tokenizer=tokenizer or trainer.tokenizer, store=store)
     run_rec = store.get_run(run)
     store.get_round(run_rec.id, round)  # a clear NotFound before any rollout
     hashes = assets.put(store)
@@ -284,6 +291,7 @@ def rl_stage(store: Any, run: str, round: int, env: str | Environment, assets: A
 
     for s in range(trainer.step_count, end):
         tasks = sampler.sample(s, cfg.tasks_per_step)
+        temps = schedule.temperatures(s, tasks)
         if own_backend:
             policy.name = f"{base_name}@step-{s}"
         t0 = time.perf_counter()
@@ -291,13 +299,18 @@ def rl_stage(store: Any, run: str, round: int, env: str | Environment, assets: A
         trajs = executor.run(EpisodeJob(env=env, tasks=tasks, assets=assets,
                                         samples=cfg.samples, seed=step_seed(cfg.seed, s),
                                         split="train", checkpoint=parent_id, adapter=adapter,
-                                        temperatures=schedule.temperatures(s, tasks)))
+                                        temperatures=temps))
         t_roll = time.perf_counter() - t0
         _refuse_untrainable(trajs, policy)
         trajs = [t.model_copy(update={"id": trajectory_id(run_rec.id, round, s, t.task_id,
                                                           t.sample_index), "policy_step": s})
                  for t in trajs]
         _store_new(store, trajs, run_rec.id, round)
+        r_teacher, t_trajs = None, []
+        if teacher.due(s) and trainer.step_count >= trainer.config.warmup_steps:
+            r_teacher, t_trajs = measure_teacher(
+                teacher, trainer, tokenizer or trainer.tokenizer, env, tasks, cfg.samples,
+                step_seed(cfg.seed, s), temps, judge)
         stats = trainer.train_step(trajs)
         sampled = sum(t.sampled_tokens for t in trajs)
         failures = sum(1 for t in trajs if t.infra_failed)
@@ -317,7 +330,8 @@ def rl_stage(store: Any, run: str, round: int, env: str | Environment, assets: A
                 parent_id = saved = rec.id
                 result.checkpoints.append(rec.id)
             store.charge(run_rec.id, {
-                "rollouts": len(trajs), "tokens": sum(len(t.token_ids) for t in trajs),
+                "rollouts": len(trajs) + len(t_trajs),  # the teacher's are charged, not stored
+                "tokens": sum(len(t.token_ids) for t in [*trajs, *t_trajs]),
                 "train_tokens": sum(len(t.token_ids) for t in trajs if t.trainable),
                 "seconds": secs}, round=round, key=f"rl:{round}:{s}")
             entry = StepLog(
@@ -327,7 +341,9 @@ def rl_stage(store: Any, run: str, round: int, env: str | Environment, assets: A
                 infra_failures=failures, tokens_sampled=sampled,
                 rollout_tokens_per_s=sampled / t_roll if t_roll > 0 else 0.0,
                 train_tokens_per_s=stats.tokens_per_s, seconds_rollout=t_roll,
-                seconds_train=stats.seconds, checkpoint=saved)
+                seconds_train=stats.seconds, checkpoint=saved,
+                teacher_weight=stats.teacher_weight, teacher_kl=stats.teacher_kl,
+                teacher_reward=r_teacher)
             if on_step is not None:
                 on_step(entry)
         result.steps.append(entry)

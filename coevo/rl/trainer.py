@@ -5,6 +5,10 @@ estimator, coevo/rl/estimators/; signal filter, exclusions)
 -> optional reference log-probs (adapter disabled) -> optional old log-probs recomputed with
 the current policy (when more than one update is made per batch, or when asked) ->
 `num_updates_per_batch` optimizer updates, each accumulating gradients over micro-batches.
+With a teacher (`TrainConfig.teacher`, coevo/rl/teacher.py) whose weight is above zero, the
+teacher's log-probs of the sampled tokens come from one more no-grad pass (adapter disabled,
+the teacher's first prompt in place of the student's) and each update adds the distillation
+term, also on groups without reward signal.
 
 Shared prompts: the G samples of a group start with the same first prompt of P tokens. The
 prompt is run once per micro-batch with gradients (batch 1, only its last logit kept), its
@@ -52,6 +56,7 @@ from coevo.rl.estimators import EstimatorContext, make_estimator
 from coevo.rl.grpo import masked_nll, policy_loss
 from coevo.rl.lora import apply_lora
 from coevo.rl.processing import replay, scored_logprobs
+from coevo.rl.teacher import distill_loss, make_teacher, teacher_sample, to_student_positions
 from coevo.trajectory import Trajectory
 
 log = logging.getLogger("coevo.rl")
@@ -69,6 +74,8 @@ class StepStats(BaseModel):
     reward_mean: float
     signal_fraction: float  # groups with signal / groups (SFT: successful / included)
     kl: float  # mean k3 KL to the base model on policy tokens (0 when kl_coef == 0)
+    teacher_weight: float = 0.0  # weight of the teacher term this step (0: none)
+    teacher_kl: float = 0.0  # mean sampled reverse KL to the teacher per token (first update)
     clip_fraction: float
     ratio_mean: float
     grad_norm: float
@@ -161,6 +168,8 @@ class Trainer:
         self.oom_retries = 0
         # The environment and rubric estimators may rescore episodes with (set by the RL stage).
         self.context = EstimatorContext()
+        # The teacher term (coevo/rl/teacher.py); the RL stage binds its context.
+        self.teacher = make_teacher(self.config.teacher)
 
     # -- parameters -------------------------------------------------------------------------
     def named_trainable_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
@@ -228,6 +237,16 @@ class Trainer:
         self.model.train(was_training)
         return [out[i] for i in range(len(samples))]
 
+    def teacher_logprobs(self, samples: Sequence[Sample],
+                         trajectories: Sequence[Trajectory]) -> None:
+        """Fill each sample's `teacher_logp`: its sampled tokens scored by the base model
+        (adapter disabled) after the teacher's first prompt instead of the student's."""
+        by_id = {t.id: t for t in trajectories}
+        pairs = [teacher_sample(s, self.teacher.prompt_ids(by_id[s.traj_id])) for s in samples]
+        for s, (_, offset), lp in zip(samples, pairs, self.sequence_logprobs(
+                [t for t, _ in pairs], reference=True)):
+            s.teacher_logp = to_student_positions(lp.cpu(), s, offset)
+
     def _replay_grammars(self, samples: Sequence[Sample]) -> None:
         """Rebuild the grammar masks of constrained turns (the sampler's, token for token)."""
         todo = [s for s in samples if s.processing is not None and s.processing.spans]
@@ -278,23 +297,43 @@ class Trainer:
         recompute = c.num_updates_per_batch > 1 or c.recompute_old_logprobs
         estimator = make_estimator(c.estimator, c.estimator_options, scale=c.advantage_scale,
                                    eps=c.advantage_eps, context=self.context)
-        plan = plan_grpo(trajectories, need_logprobs=not recompute, estimator=estimator)
+        teach = c.teacher.kind != "none"
+        plan = plan_grpo(trajectories, need_logprobs=not recompute, estimator=estimator,
+                         keep_all=teach)
+        w = 0.0
+        if teach and plan.n_groups:
+            self.teacher.observe_student(plan.reward_mean)
+            w = self.teacher.weight()
+        if w <= 0:  # no teacher term this step: the groups without reward signal are skipped
+            plan.groups = [g for g in plan.groups if g.samples[0].signal]
         samples = plan.samples
         self._replay_grammars(samples)
+        if samples and w > 0:
+            self.teacher_logprobs(samples, trajectories)
         if samples and c.kl_coef > 0:
             for s, ref in zip(samples, self.sequence_logprobs(samples, reference=True)):
                 s.ref_logp = ref.cpu()
         if samples and recompute:
             for s, old in zip(samples, self.sequence_logprobs(samples)):
                 s.old_logp = old.cpu()
-        tokens = sum(s.tokens for s in samples)
-        denom = float(tokens) if c.agg == "token" else float(len(samples))
+        # Each term is normalised over the samples it applies to (GRPO: groups with signal).
+        sig = [s for s in samples if s.signal]
+        denom = max(float(sum(s.tokens for s in sig) if c.agg == "token" else len(sig)), 1.0)
+        t_denom = max(float(sum(s.tokens for s in samples) if c.agg == "token"
+                            else len(samples)), 1.0)
 
         def loss_of(new_logp: torch.Tensor, mb: MicroBatch):
-            return policy_loss(new_logp, mb.old_logp, mb.ref_logp, mb.advantages, mb.mask,
-                               c.clip_eps_low, c.clip_eps_high, c.kl_coef, c.agg, denom=denom)
+            mask = mb.mask if mb.signal is None else mb.mask * mb.signal[:, None]
+            loss, m = policy_loss(new_logp, mb.old_logp, mb.ref_logp, mb.advantages, mask,
+                                  c.clip_eps_low, c.clip_eps_high, c.kl_coef, c.agg, denom=denom)
+            if mb.teacher_logp is None:
+                return loss, m
+            t_loss, tm = distill_loss(new_logp, mb.old_logp, mb.teacher_logp, mb.mask, w,
+                                      c.agg, denom=t_denom)
+            loss = loss + t_loss
+            return loss, {**m, **tm, "loss": float(loss.detach()), "teacher_tokens": float(mb.mask.sum())}
 
-        return self._train(plan, loss_of, c.num_updates_per_batch, "grpo", t0)
+        return self._train(plan, loss_of, c.num_updates_per_batch, "grpo", t0, teacher_weight=w)
 
     def sft_step(self, trajectories: Sequence[Trajectory]) -> StepStats:
         """Supervised warm-up: masked NLL on the policy tokens of successful trajectories."""
@@ -309,7 +348,8 @@ class Trainer:
             return self.sft_step(trajectories)
         return self.step(trajectories)
 
-    def _train(self, plan: Plan, loss_of, updates: int, kind: str, t0: float) -> StepStats:
+    def _train(self, plan: Plan, loss_of, updates: int, kind: str, t0: float,
+               teacher_weight: float = 0.0) -> StepStats:
         samples = plan.samples
         vocab = self.model.get_input_embeddings().num_embeddings
         for s in samples:  # a wrong-tokenizer id would otherwise be an opaque index error
@@ -328,19 +368,21 @@ class Trainer:
         self.step_count += 1
         secs = time.perf_counter() - t0
 
-        def wmean(key: str) -> float:
+        def wmean(key: str, weight: str = "tokens") -> float:
             # micro-batch metrics are means over their tokens: weight by tokens
-            n = sum(m["tokens"] for m in first)
-            return sum(m[key] * m["tokens"] for m in first) / n if n else 0.0
+            n = sum(m.get(weight, 0.0) for m in first)
+            return sum(m[key] * m[weight] for m in first if weight in m) / n if n else 0.0
 
         return StepStats(
             kind=kind, step=self.step_count, updated=bool(tokens),
             loss=sum(m["loss"] for m in first), reward_mean=plan.reward_mean,
             signal_fraction=plan.signal_fraction, kl=wmean("kl"),
+            teacher_weight=teacher_weight, teacher_kl=wmean("teacher_kl", "teacher_tokens"),
             clip_fraction=wmean("clip_fraction"), ratio_mean=wmean("ratio_mean"), grad_norm=norm,
             tokens=tokens, forward_tokens=cost, tokens_per_s=tokens / secs if secs > 0 else 0.0,
             seconds=secs, trajectories=plan.n_trajectories, groups=plan.n_groups,
-            signal_groups=len(plan.groups), skipped=plan.skipped, excluded=plan.excluded,
+            signal_groups=sum(1 for g in plan.groups if g.samples[0].signal),
+            skipped=plan.skipped, excluded=plan.excluded,
             microbatches=n_mb, oom_retries=self.oom_retries - retries0,
         )
 

@@ -62,9 +62,11 @@ class EpisodeStore(StoreBase):
     def trajectories(self, run: str | None = None, round: int | None = None,
                      harness: str | None = None, split: str | None = None,
                      evaluation: str | None = None, ids: Iterable[str] | None = None,
-                     limit: int | None = None, env: str | None = None) -> list[Trajectory]:
+                     limit: int | None = None, env: str | None = None,
+                     checkpoint: str | None = None) -> list[Trajectory]:
         """Stored trajectories matching every given filter, in insertion order, decoded
-        (token ids, mask and logprobs exactly as stored). `harness` is a full hash."""
+        (token ids, mask and logprobs exactly as stored). `harness` is a full hash;
+        `checkpoint` a checkpoint id, or "" for those recorded without one (the base model)."""
         tt = T.Trajectory.__table__
         q = sa.select(tt).order_by(tt.c.seq)
         with self.transaction() as s:
@@ -75,6 +77,9 @@ class EpisodeStore(StoreBase):
                                (tt.c.env, env)):
                 if value is not None:
                     q = q.where(col == value)
+            if checkpoint is not None:
+                q = q.where(tt.c.checkpoint_id == checkpoint if checkpoint
+                            else tt.c.checkpoint_id.is_(None))
             if ids is not None:
                 q = q.where(tt.c.id.in_(list(ids)))
             if limit is not None:

@@ -32,7 +32,6 @@ Choices where the paper leaves room or coevo differs:
 
 from __future__ import annotations
 
-import hashlib
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Literal
@@ -42,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from coevo.rl.estimators.base import ESTIMATORS, Credit, Estimator
 from coevo.rl.estimators.grpo import episode_advantages
 from coevo.rl.grpo import group_advantages
+from coevo.states import anchor_key
 from coevo.trajectory import Trajectory
 
 
@@ -50,14 +50,6 @@ class GigpoOptions(BaseModel):
     weight: float = Field(1.0, ge=0.0)  # omega: weight of the step-level advantage
     gamma: float = Field(0.95, gt=0.0, le=1.0)  # discount of later turns' rewards
     anchor: Literal["observation", "history"] = "observation"
-
-
-def anchor_key(traj: Trajectory, k: int, anchor: str = "observation") -> tuple[str, str]:
-    """(task id, hash of the tokens before turn k): turns with equal keys share a state."""
-    turn = traj.turns[k]
-    lo = 0 if anchor == "history" or k == 0 else traj.turns[k - 1].end
-    ids = traj.token_ids[lo: turn.start]
-    return traj.task_id, hashlib.blake2b(",".join(map(str, ids)).encode(), digest_size=16).hexdigest()
 
 
 def step_returns(traj: Trajectory, gamma: float) -> list[float]:

@@ -1,0 +1,197 @@
+"""RL-method plug-ins vs the default: one RL stage per (method, seed), then the val score.
+
+For every method (a named set of `rl.train` / `rl.stage` overrides of the base config's, the
+plug-ins of coevo/rl/: estimators, temperature schedule, teacher) and seed, a freshly loaded
+policy (`model.backend` of the config, or `--model`) runs one RL stage of the config's steps on
+the train split from the seed assets, then the trained policy is evaluated once on the val
+split (the config's `val_n` tasks, one sample each, the same sampling seed for every method, so
+per-task outcomes pair across methods). Printed, one row per method:
+
+    method | val score [95%] | vs default [95%] | signal fraction | seconds
+
+Intervals are seed-aware: a hierarchical (cluster) bootstrap over seeds, then tasks within each
+seed (bench/coevolution_report.py `cluster_bootstrap`); "vs default" bootstraps the per-task
+differences method - default paired within each seed. Signal fraction: the mean over RL steps of
+the share of GRPO groups whose rewards differ (the teacher's term also trains the others).
+Seconds: the RL stage plus the val evaluation. Results go to `--out` (JSON).
+
+The `distill` method's teacher is the same base model reading the incumbent harness plus
+`--teacher-demos` extra demos built from the first train tasks and their reference answers in
+the harness's answer format (a richer context than the student's), weight 0.1, faded by the
+reward gap, the teacher measured every 2 steps.
+
+    python bench/methods.py [--config training/bench/arithmetic.yaml] [--seeds 2]
+        [--methods default,gigpo,progress,tempered,distill] [--model SPEC] [--small]
+
+`--small`: 1 seed, 2 RL steps of 1 task x G 2, 3 val tasks, 16 new tokens, the teacher's
+weight constant: checks the pipeline, not the numbers (with `--model hf:DIR` on a tiny random
+model: 14 s of CPU; 3.3 min wall on the shared 2-core machine at load average 9-10).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+from coevolution_report import cluster_bootstrap  # noqa: E402
+
+DEFAULT = "default"
+
+
+def methods(teacher_demos: list[dict], small: bool = False) -> dict[str, dict[str, Any]]:
+    """name -> {"train": rl.train overrides, "stage": rl.stage overrides}. `small`: the
+    teacher's weight constant, so the smoke run exercises the teacher pass whatever the
+    rewards (the gap schedule turns it off when neither side ever succeeds)."""
+    schedule = {"kind": "constant"} if small else {"every": 2}
+    return {
+        DEFAULT: {},
+        "gigpo": {"train": {"estimator": "gigpo"}},
+        "progress": {"train": {"estimator": "progress"}},
+        "tempered": {"stage": {"temperature": "tempered"}},
+        "distill": {"train": {"teacher": {"kind": "distill", "demos": teacher_demos,
+                                          "weight": 0.1, "schedule": schedule}}},
+    }
+
+
+def answer_demos(env: Any, harness: Any, k: int) -> list[dict]:
+    """k demos from the first train tasks with reference answers, in the answer format the
+    harness asks for ("Answer: <x>" for the reasoning harness)."""
+    fmt = "Answer: {}" if "Answer:" in (harness.answer_format or "") else "{}"
+    out = []
+    for t in env.tasks("train"):
+        if len(out) == k:
+            break
+        if t.answer is not None and t.messages:
+            out.append({"source": f"train task {t.id}", "messages": [
+                *[dict(m) for m in t.messages], {"role": "assistant", "content": fmt.format(t.answer)}]})
+    return out
+
+
+def run_method(name: str, over: dict[str, Any], cfg: Any, seed: int, store: Any,
+               ckpt_root: Path, max_new_tokens: int | None = None) -> dict[str, Any]:
+    """One RL stage of `cfg` with the method's overrides, then the val evaluation
+    (`max_new_tokens`: the harness's cap replaced, for the smoke run)."""
+    from coevo.envs.registry import make_env
+    from coevo.evaluate import evaluate
+    from coevo.loop import seed_incumbent
+    from coevo.models.registry import load_backend
+    from coevo.rl.config import TrainConfig
+    from coevo.rl.stage import StageConfig, live_policy, rl_stage
+    from coevo.rl.trainer import Trainer
+
+    t0 = time.perf_counter()
+    train = TrainConfig.from_mapping({**cfg.rl.train.model_dump(), **over.get("train", {}),
+                                      "seed": seed}, f"method {name}: rl.train")
+    stage = StageConfig.model_validate({**cfg.rl.stage.model_dump(), **over.get("stage", {}),
+                                        "seed": seed, "checkpoint_dir": str(ckpt_root / f"{name}-s{seed}")})
+    backend = load_backend(cfg.model.backend, **cfg.model.options)
+    trainer = Trainer(backend.model, train, base_model=cfg.model.backend, tokenizer=backend.tokenizer)
+    env = make_env(cfg.env)
+    assets = seed_incumbent(cfg, store).agent_assets()
+    if max_new_tokens is not None:
+        h = assets.harness
+        assets = assets.model_copy(update={"harness": h.child(decoding={
+            **h.decoding.model_dump(), "max_new_tokens": max_new_tokens})})
+    run = store.create_run(f"{name}-s{seed}-{time.time_ns()}", mode="weight-only")
+    store.start_round(run.id, 0)
+    steps: list[Any] = []
+    res = rl_stage(store, run.id, 0, env, assets, trainer, stage, tokenizer=backend.tokenizer,
+                   on_step=steps.append)
+    policy = live_policy(trainer, backend.tokenizer)
+    policy.adapter = store.get_checkpoint(res.checkpoint).path  # already in memory
+    val = evaluate(store, env, assets, policy, tasks=env.tasks("val", cfg.splits.val_n),
+                   split="val", samples=1, seed=cfg.seed, checkpoint=res.checkpoint, run=run.id)
+    return {"method": name, "seed": seed, "val": val.mean,
+            "tasks": {t.task_id: t.outcome for t in val.tasks if t.outcome is not None},
+            "signal": sum(s.signal_fraction for s in steps) / len(steps) if steps else None,
+            "teacher_weight": [s.teacher_weight for s in steps],
+            "seconds": time.perf_counter() - t0}
+
+
+def table(rows: list[dict[str, Any]], names: list[str]) -> list[str]:
+    """One line per method: val [CI], paired diff vs default [CI], signal fraction, seconds."""
+    f = lambda x, s="": "-" if x is None else f"{x:{s}.3f}"  # noqa: E731
+    base = {r["seed"]: r["tasks"] for r in rows if r["method"] == DEFAULT}
+    lines = [f"{'method':10} {'val [95%]':>24} {'vs default [95%]':>26} {'signal':>7} {'seconds':>8}"]
+    for name in names:
+        mine = [r for r in rows if r["method"] == name]
+        if not mine:
+            continue
+        m, lo, hi = cluster_bootstrap([list(r["tasks"].values()) for r in mine])
+        diffs = [[v - base[r["seed"]][t] for t, v in r["tasks"].items() if t in base.get(r["seed"], {})]
+                 for r in mine]
+        d, dlo, dhi = cluster_bootstrap(diffs) if name != DEFAULT else (None, None, None)
+        sig = [r["signal"] for r in mine if r["signal"] is not None]
+        secs = sum(r["seconds"] for r in mine) / len(mine)
+        lines.append(f"{name:10} {f(m):>7} [{f(lo)}, {f(hi)}] "
+                     f"{f(d, '+'):>8} [{f(dlo, '+')}, {f(dhi, '+')}] "
+                     f"{f(sum(sig) / len(sig) if sig else None):>7} {secs:8.0f}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default=str(REPO / "training" / "bench" / "arithmetic.yaml"))
+    ap.add_argument("--seeds", type=int, default=None, help="default 2; small 1")
+    ap.add_argument("--methods", default=None, help="comma list (default: all)")
+    ap.add_argument("--model", default=None, help="policy backend spec (default: the config's)")
+    ap.add_argument("--teacher-demos", type=int, default=3)
+    ap.add_argument("--small", action="store_true")
+    ap.add_argument("--out", type=Path, default=None)
+    a = ap.parse_args(argv)
+
+    from coevo.config import RunConfig
+    from coevo.envs.registry import make_env
+    from coevo.errors import CoevoError
+    from coevo.store import Store
+
+    over = [f"model.backend={a.model}"] if a.model else []
+    if a.small:
+        over += ["rl.stage.steps=2", "rl.stage.tasks_per_step=1", "rl.stage.samples=2",
+                 "rl.stage.checkpoint_every=2", "splits.val_n=3"]
+    cfg = RunConfig.load(a.config, over)
+    env = make_env(cfg.env)
+    out = a.out or Path(tempfile.mkdtemp(prefix="bench-methods-"))
+    out.mkdir(parents=True, exist_ok=True)
+    store = Store.open(f"sqlite:///{out / 'methods.db'}")
+    from coevo.loop import seed_incumbent
+
+    harness = seed_incumbent(cfg, store).harness
+    table_of = methods(answer_demos(env, harness, a.teacher_demos), a.small)
+    names = (a.methods or ",".join(table_of)).split(",")
+    unknown = [n for n in names if n not in table_of]
+    if unknown:
+        raise CoevoError(f"--methods: unknown {', '.join(unknown)}; known: {', '.join(table_of)}")
+    if DEFAULT not in names:
+        names = [DEFAULT, *names]  # every row is compared with it
+    rows = []
+    for seed in range(a.seeds or (1 if a.small else 2)):
+        for name in names:
+            row = run_method(name, table_of[name], cfg, seed, store, out / "checkpoints",
+                             max_new_tokens=16 if a.small else None)
+            rows.append(row)
+            print(f"{name} seed {seed}: val {row['val']}, signal {row['signal']}, "
+                  f"{row['seconds']:.0f} s", flush=True)
+    (out / "methods.json").write_text(json.dumps(rows, indent=1))
+    print(f"\n{cfg.env}: {len(rows) // len(names)} seed(s) x {len(names)} methods, "
+          f"{cfg.rl.stage.steps} RL steps x {cfg.rl.stage.tasks_per_step} tasks x G "
+          f"{cfg.rl.stage.samples}, val n={cfg.splits.val_n}; data {out / 'methods.json'}")
+    print("\n".join(table(rows, names)))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
