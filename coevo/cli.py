@@ -15,7 +15,7 @@ from rich.table import Table
 from coevo import cli_output as out
 from coevo.cli_output import JsonOption
 from coevo.errors import CoevoError
-from coevo.cliflags import choice, not_empty, proposal_status
+from coevo.cliflags import TrackOption, choice, not_empty, proposal_status
 from coevo.oneline import OneLineGroup
 from coevo.terminal import escaped, safe
 
@@ -263,6 +263,7 @@ def eval_cmd(
     skills: Optional[str] = typer.Option(None, "--skills", help="Skill library version (default: seed)."),
     seed: int = typer.Option(0, "--seed"),
     executor: str = typer.Option("local", "--executor", callback=choice("local", "ray"), help="local | ray"),
+    track: Optional[str] = TrackOption,
     db: Optional[str] = DbOption,
     as_json: bool = JsonOption,
 ) -> None:
@@ -286,6 +287,13 @@ def eval_cmd(
                           progress=bars.counter(f"eval {env} {split}"))
     out.emit(console, as_json, lambda: result.model_dump(mode="json"),
              lambda: out.eval_table(result))
+    if track:
+        from coevo.tracking.observer import track_evaluation
+
+        track_evaluation(track, result, dict(harness=assets.harness.hash, env=env, split=split, n=n,
+                         samples=samples, model=model, checkpoint=checkpoint, seed=seed),
+                         say=lambda m: console.print(escaped(m), highlight=False))
+
 
 
 # ---------------------------------------------------------------------------------------------
@@ -423,10 +431,12 @@ def run_cmd(
     config: Optional[Path] = typer.Argument(None, help="Run config YAML (see training/)."),
     overrides: Optional[list[str]] = typer.Argument(None, help="Dotted overrides: rounds=3 gate.alpha=0.1"),
     resume: Optional[str] = typer.Option(None, "--resume", help="Continue this run where it stopped."),
+    track: Optional[str] = TrackOption,
     db: Optional[str] = DbOption,
 ) -> None:
     """Run the co-evolution loop: RL stage, proposals, validation gate, per round; then test."""
     from coevo.config import RunConfig
+    from coevo.tracking import with_track_flag
 
     if config is None and resume is None:
         raise CoevoError("give a run config YAML, or --resume RUN")
@@ -435,7 +445,7 @@ def run_cmd(
         cfg = RunConfig.of_run(store.get_run(resume).config, overrides or ())
     else:
         cfg = RunConfig.load(config, overrides or ())
-    _run_and_summarise(cfg, store, resume)
+    _run_and_summarise(with_track_flag(cfg, track), store, resume)
 
 
 def _run_and_summarise(cfg, store, resume: Optional[str]) -> None:

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from coevo.cli import DbOption, _store, app, console, load_agent_assets
-from coevo.cliflags import choice, not_empty, positive, run_name
+from coevo.cliflags import TrackOption, choice, not_empty, positive, run_name
 from coevo.errors import CoevoError
 from coevo.terminal import escaped
 from coevo.train_settings import TrainSettings, resume_settings, stored_agent_assets
@@ -37,6 +37,7 @@ def train_cmd(
                                  help="local (live policy) | ray (actors load each step's adapter)"),
     actors: int = typer.Option(2, "--actors", min=1, help="Ray actors (with --executor ray)."),
     rollout_model: Optional[str] = typer.Option(None, "--rollout-model", help="Roll out on another engine, e.g. vllm:PATH (loads each step's adapter)."),
+    track: Optional[str] = TrackOption,
     db: Optional[str] = DbOption,
 ) -> None:
     """Run one RL stage (multi-turn GRPO, LoRA) under fixed assets; checkpoints go to the store."""
@@ -44,9 +45,11 @@ def train_cmd(
                                TimeElapsedColumn, TimeRemainingColumn)
 
     from coevo.models.registry import load_backend
+    from coevo.observer import observing
     from coevo.rl.config import LoraSettings, TrainConfig
     from coevo.rl.stage import StageConfig, rl_stage
     from coevo.rl.trainer import Trainer
+    from coevo.tracking import observer_for, resumed_spec
 
     store = _store(db)
     given = {"env": env, "model": model, "steps": steps, "group_size": group_size,
@@ -75,7 +78,9 @@ def train_cmd(
         rec = store.create_run(name, config=settings.model_dump(), mode="weight-only")
         store.start_round(rec.id, 0)
     env, model, steps = settings.env, settings.model, settings.steps
-    with store.executing(rec.id):  # the run's lease; an error marks the run failed
+    watch = observer_for(resumed_spec(track, rec.config), store,
+                         lambda m: console.print(escaped(m), highlight=False))
+    with store.executing(rec.id), observing(watch, rec.id):  # the lease; an error: failed
         store.set_run_status(rec.id, "running")
         with console.status(f"loading {escaped(model)}"):
             backend = load_backend(model)
@@ -108,12 +113,14 @@ def train_cmd(
                                   f"loss {log.loss:+.4f}, kl {log.kl:.4f}, rollout {log.rollout_tokens_per_s:.0f} tok/s, "
                                   f"train {log.train_tokens_per_s:.0f} tok/s"
                                   + (f", checkpoint {log.checkpoint[:12]}" if log.checkpoint else ""), highlight=False)
+                watch.rl_step(0, log)
 
             result = rl_stage(store, rec.id, 0, env, assets, trainer, cfg, tokenizer=backend.tokenizer,
                               resume=resume, on_step=on_step, executor=remote, judge=backend)
         if remote is not None:
             remote.close()
         store.finish_round(rec.id, 0, summary={"rl": result.model_dump(mode="json")})
+        watch.round_done(0)
         store.set_run_status(rec.id, "done")
         console.print(f"run {escaped(name)}: steps {result.start_step}..{result.end_step}, checkpoint {result.checkpoint}; "
                       f"evaluate with: coevo eval --harness {assets.harness.hash[:12]} --env {escaped(env)} "

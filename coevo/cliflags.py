@@ -47,3 +47,24 @@ def not_empty(value: Optional[str]) -> Optional[str]:
     if value is not None and not value.strip():
         raise typer.BadParameter("is empty")
     return value
+
+
+def track(value: Optional[str]) -> Optional[str]:
+    """A typer callback for `--track BACKEND[:WHERE]` (coevo.tracking.TrackingSpec.parse): a
+    bad spec, or a backend whose package is missing, fails before any work starts."""
+    if value is None:
+        return value
+    from coevo.tracking import TrackingError, TrackingSpec
+
+    try:
+        spec = TrackingSpec.parse(value)
+        if spec is not None:
+            spec.check()
+    except (ValueError, TrackingError) as e:
+        raise typer.BadParameter(str(e).removeprefix("tracking: ")) from None
+    return value
+
+
+TrackOption = typer.Option(None, "--track", callback=track, help=(
+    "Log to an experiment tracker: trackio[:PROJECT] | mlflow[:URI] | off "
+    "(extras coevo[trackio], coevo[mlflow]); overrides the config's tracking:."))

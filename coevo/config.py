@@ -20,6 +20,7 @@ from coevo.validity import ValidityPolicy
 from coevo.rl.config import TrainConfig
 from coevo.rl.stage import StageConfig
 from coevo.store.runs import run_name_problem
+from coevo.tracking.base import TrackingSpec
 
 Mode = Literal["gated", "ungated", "weight-only", "harness-only"]
 
@@ -108,6 +109,10 @@ class RunConfig(_Block):
     splits: Splits = Field(default_factory=Splits)
     budgets: Budgets = Field(default_factory=Budgets)
     final_test: bool = True  # evaluate the final incumbent on the test split once
+    # Log the run to an experiment tracker (coevo/tracking): {backend: trackio, project: P,
+    # dir: FOLDER} or {backend: mlflow, project: EXPERIMENT, uri: URI}; `--track` overrides.
+    # None: nothing is tracked. A resume may change it.
+    tracking: TrackingSpec | None = None
 
     @field_validator("name")
     @classmethod

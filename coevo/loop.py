@@ -55,6 +55,7 @@ from coevo.frozen_splits import check_frozen
 from coevo.gatestep import gate_step
 from coevo.killpoints import KILL_ENV, kill_point  # noqa: F401  (KILL_ENV: for the tests)
 from coevo.ledger import eval_charge, over_budget
+from coevo.observer import NoObserver, RunObserver, observing
 from coevo.propose.base import (
     Candidate,
     Incumbent,
@@ -69,7 +70,7 @@ from coevo.reviewstep import review_step
 from coevo.traces import imported_traces
 
 log = logging.getLogger("coevo.loop")
-_RESUMABLE_CHANGES = {"rounds", "budgets"}  # config keys a resume may change
+_RESUMABLE_CHANGES = {"rounds", "budgets", "tracking"}  # config keys a resume may change
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,8 @@ class Parts:
 
 def preflight(cfg: RunConfig, store: Any, resume: str | None) -> None:
     """What can be checked before a model is loaded or a run created: the run's name is free
-    (or, resuming, the run exists) and checkpoints can be written where the config says."""
+    (or, resuming, the run exists), checkpoints can be written where the config says, and the
+    tracker's package is installed."""
     if resume is None:
         try:
             old = store.get_run(cfg.name)
@@ -118,6 +120,8 @@ def preflight(cfg: RunConfig, store: Any, resume: str | None) -> None:
                              f"--resume {cfg.name} or choose another name")
     else:
         store.get_run(resume)
+    if cfg.tracking is not None:
+        cfg.tracking.check()  # its package is installed
     if MODES[cfg.mode].train and cfg.rl.stage.checkpoint_dir:
         from coevo.rl.stage import check_checkpoint_dir
 
@@ -178,6 +182,7 @@ class _Run:
     test_ids: set[str]
     progress: Callable[[str], None]
     count: Callable[[str, int, int], None]  # (phase, done, total)
+    observer: RunObserver = field(default_factory=NoObserver)  # tracking (coevo/observer.py)
 
     @property
     def judge(self) -> Any:
@@ -196,17 +201,24 @@ class _Run:
 def run_coevolution(cfg: RunConfig, store: Any, parts: Parts | None = None, *,
                     resume: str | None = None,
                     progress: Callable[[str], None] | None = None,
-                    on_count: Callable[[str, int, int], None] | None = None) -> RunResult:
+                    on_count: Callable[[str, int, int], None] | None = None,
+                    observer: RunObserver | None = None) -> RunResult:
     """Run (or with `resume=RUN`, continue) the co-evolution loop of `cfg`; see the module
     docstring (Observers: `progress`, `on_count`). Returns every round's summary, the final
-    incumbent and the test evaluation."""
+    incumbent and the test evaluation. `observer` watches the run (default: the tracker
+    `cfg.tracking` names, if any)."""
+    from coevo.tracking import observer_for
+
     preflight(cfg, store, resume)
     parts = parts or build_parts(cfg)
     check_runnable(cfg, parts, store)                              # before any row is written
     rec = find_or_create_run(cfg, store, parts, resume)
-    with store.executing(rec.id):                  # the run's lease; an error marks it failed
-        run, incumbent, start = open_run(cfg, store, parts, rec, resume, progress or log.info,
+    say = progress or log.info
+    watch = observer or observer_for(cfg.tracking, store, say)
+    with store.executing(rec.id), observing(watch, rec.id):  # the lease; an error: failed
+        run, incumbent, start = open_run(cfg, store, parts, rec, resume, say,
                                          on_count or _no_count)
+        run.observer = watch
         for r in range(start, cfg.rounds):
             begin_round(run, r)
             if r == 0:
@@ -228,6 +240,7 @@ def run_coevolution(cfg: RunConfig, store: Any, parts: Parts | None = None, *,
                 break
         kill_point("before_final")
         final = final_step(run, incumbent)
+        watch.finished(final)
     return RunResult(run=run.id, name=cfg.name, rounds=[x.summary for x in store.rounds(run.id)],
                      incumbent=incumbent.hashes(), final=final)
 
@@ -370,6 +383,7 @@ def end_round(run: _Run, r: int, incumbent: Incumbent, accepted: list[Candidate]
                "incumbent": incumbent.hashes(), "accepted": [c.hash for c in accepted],
                "spent": run.store.budget_totals(run.id, round=r), "stop": stop}
     run.store.finish_round(run.id, r, "done", summary=summary)
+    run.observer.round_done(r)
     run.progress(f"round {r}: done, {len(accepted)} accepted" + (f"; stopping: {stop}" if stop else ""))
     return stop
 
@@ -440,6 +454,7 @@ def log_rl_step(run: _Run, r: int, entry: Any) -> None:
         update["checkpoint"] = entry.checkpoint
         update["checkpoints"] = [*summary.get("checkpoints", []), entry.checkpoint]
     run.store.finish_round(run.id, r, "running", summary={**summary, **update})
+    run.observer.rl_step(r, entry)
 
 
 def collect_train_rollouts(run: _Run, r: int, incumbent: Incumbent) -> None:

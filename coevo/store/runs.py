@@ -71,6 +71,16 @@ class RunStore(StoreBase):
             s.flush()
             return run_record(row)
 
+    def set_trackers(self, ref: str, links: list[dict[str, Any]]) -> RunRecord:
+        """Record a run's links to its experiment-tracker runs (coevo/tracking) under its
+        config's `trackers` key, replacing the previous list: the one key of a run's config
+        written after the run is created (the rest is what the run was started with)."""
+        with self.transaction() as s:
+            row = self._run(s, ref)
+            row.config = {**row.config, "trackers": links}
+            s.flush()
+            return run_record(row)
+
     def runs(self) -> list[RunRecord]:
         """All runs, oldest first."""
         with self.transaction() as s:
