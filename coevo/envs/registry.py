@@ -5,7 +5,9 @@ A spec is `<kind>:<argument>[?key=value&...]`:
 - `bfcl:<category>` single-turn BFCL, `bfcl-multi:<category>` multi-turn BFCL,
   `rg:<dataset>` a reasoning-gym dataset (query keys and unknown options are the dataset's
   kwargs: `rg:basic_arithmetic?min_terms=2&max_terms=3`), `jsonl:<path>` a task file
-  (`jsonl:tasks.jsonl?verifier=numeric&tolerance=0.01`, coevo/envs/jsonl.py);
+  (`jsonl:tasks.jsonl?verifier=numeric&tolerance=0.01`, coevo/envs/jsonl.py),
+  `textarena:<game id>` a single-player TextArena game, one task per seed (extra `textarena`;
+  `textarena:GuessTheNumber-v0?max_number=50`, coevo/envs/textarena_env.py);
 - `pkg.module:ClassOrFactory` a plugin: imported and called with the options; the result
   must satisfy `coevo.envs.base.Environment`.
 
@@ -66,10 +68,17 @@ def _jsonl(path: str, **opts: Any) -> Environment:
     return JsonlEnv(path, **opts)
 
 
+def _textarena(game: str, **opts: Any) -> Environment:
+    from coevo.envs.textarena_env import TextArenaEnv
+
+    return TextArenaEnv(game, **opts)
+
+
 ENV_KINDS.add("bfcl", _bfcl)
 ENV_KINDS.add("bfcl-multi", _bfcl_multi)
 ENV_KINDS.add("rg", _rg)
 ENV_KINDS.add("jsonl", _jsonl)
+ENV_KINDS.add("textarena", _textarena)
 
 
 def _query(text: str) -> dict[str, Any]:
