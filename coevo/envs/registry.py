@@ -18,15 +18,13 @@ list of known kinds (`coevo.registry.Registry`).
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import parse_qsl
 
 from coevo.envs.base import Environment
 from coevo.errors import CoevoError
-from coevo.registry import Registry, UnknownName, import_dotted
+from coevo.registry import Registry, UnknownName, import_dotted, parse_query
 
 EnvFactory = Callable[..., Environment]
 ENV_KINDS: Registry[EnvFactory] = Registry("environment kind")
@@ -81,16 +79,6 @@ ENV_KINDS.add("jsonl", _jsonl)
 ENV_KINDS.add("textarena", _textarena)
 
 
-def _query(text: str) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, raw in parse_qsl(text, keep_blank_values=True, strict_parsing=False):
-        try:
-            out[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            out[key] = raw
-    return out
-
-
 def parse_spec(spec: str) -> tuple[str, str, dict[str, Any]]:
     """(kind or plugin path, argument, query options)."""
     if not isinstance(spec, str) or ":" not in spec:
@@ -100,7 +88,7 @@ def parse_spec(spec: str) -> tuple[str, str, dict[str, Any]]:
         )
     head, rest = spec.split(":", 1)
     arg, _, query = rest.partition("?")
-    return head, arg, _query(query)
+    return head, arg, parse_query(query)
 
 
 def make_env(spec: str, **opts: Any) -> Environment:

@@ -160,9 +160,9 @@ def _refuse_untrainable(trajs: Sequence[Trajectory], backend: Any) -> None:
         t = bad[0]
         raise CoevoError(
             f"rl_stage: trajectory {t.id} (task {t.task_id}) is untrainable: backend "
-            f"{getattr(backend, 'name', '?')!r} returned no token ids / log-probs "
+            f"{t.model or getattr(backend, 'name', '?')!r} returned no token ids / log-probs "
             f"({len(bad)} of {len(trajs)} rollouts); RL needs a backend with a tokenizer "
-            "(hf, embedded, vllm)")
+            "(hf, embedded, vllm, openai:URL?tokenizer=PATH)")
 
 
 def _stage_start(store: Any, latest: Any, round: int) -> int:
