@@ -64,8 +64,8 @@ def test_mapping_on_guess_the_number():
     state, convo = play(env, task, bisect)
     won = env.score(task, state, Response())
     assert (won.outcome, won.success) == (1.0, True)
-    assert won.details == {"moves": len(state.moves), "finished": 1.0, "invalid_move": 0.0,
-                           "reward": 1.0, "won": 1.0}
+    assert won.details == {"progress": 1.0, "won": 1.0, "finished": 1.0, "invalid_move": 0.0}
+    assert won.info["moves"] == len(state.moves) and won.info["reward"] == 1.0
     assert "correct number" in won.info["reason"].lower()
     target = int(re.search(r"\[(\d+)\]", state.moves[-1]).group(1))
     hints = [m["content"] for m in convo if m["role"] == "user"][1:]
@@ -81,17 +81,18 @@ def test_mapping_on_guess_the_number():
     lost = env.score(task, state, Response())
     expected = 1 - abs(far[-1] - target) / 19
     assert lost.outcome == pytest.approx(expected) and not lost.success
-    assert lost.details["reward"] == pytest.approx(expected) and lost.details["moves"] == 11.0
-    assert "turn limit" in lost.info["reason"]
-    # ... and with outcome=win only a win counts.
+    assert lost.details["progress"] == pytest.approx(expected) and lost.info["moves"] == 11
+    assert lost.details["won"] == 0.0 and "turn limit" in lost.info["reason"]
+    # ... and with outcome=win only a win counts; the progress stays partial credit.
     binary = make_env(f"{GAME}?outcome=win")
     bstate, _ = play(binary, task, [f"[{n}]" for n in far])
-    assert binary.score(task, bstate, Response()).outcome == 0.0
+    bscore = binary.score(task, bstate, Response())
+    assert bscore.outcome == 0.0 and bscore.details["progress"] == pytest.approx(expected)
 
     # Two invalid moves in a row end the game: no guess made, progress 0.
     state, convo = play(env, task, ["hello", "no number here"])
     invalid = env.score(task, state, Response())
-    assert (invalid.outcome, invalid.details["invalid_move"], invalid.details["moves"]) == (0.0, 1.0, 2.0)
+    assert (invalid.outcome, invalid.details["invalid_move"], invalid.info["moves"]) == (0.0, 1.0, 2)
     assert "invalid move" in convo[2]["content"].lower()  # the first one is a warning
 
     # A game the episode left unfinished scores 0 and says why.

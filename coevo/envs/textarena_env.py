@@ -23,11 +23,12 @@ The mapping:
   single-player games pay 1 for a win and their own progress measure in [0, 1] (distance of
   the last guess, share of the puzzle solved) for a loss, the game's turn limit or a second
   invalid move in a row; with `?outcome=win` the outcome is 1 for a win and 0 otherwise.
-  `success` means the reward is at least 1. `details`: `reward` (as the game gave it, possibly
-  negative), `won`, `finished`, `invalid_move` (the game ended on invalid moves), `moves`.
-  `info`: the game's `reason` and its last observation. A game that is not over when the
-  episode ends (the harness's turn limit came first) scores 0 with `finished` 0 and the reason
-  in `info["error"]`.
+  `success` means the reward is at least 1. `details` (partial credit, each in [0, 1]):
+  `progress` (the clipped reward, which rubrics can pay for under `?outcome=win`), `won`,
+  `finished`, `invalid_move` (the game ended on invalid moves). `info`: `reward` as the game
+  gave it (possibly negative), `moves` played, the game's `reason` and its last observation.
+  A game that is not over when the episode ends (the harness's turn limit came first) scores
+  0 with `finished` 0 and the reason in `info["error"]`.
 - Randomness: TextArena games draw from Python's global `random` (reseeded by `reset`). Each
   episode keeps its own `random` state and every call into the game runs under a lock with
   that state swapped in, so concurrent episodes neither share nor disturb a random stream and
@@ -278,19 +279,21 @@ class TextArenaEnv:
     def score(self, task: Task, state: Any, response: Response) -> Score:
         if not isinstance(state, GameState) or state.task_id != task.id:
             raise InfraError(f"{task.id}: score needs the GameState that start() returned")
-        details = {"moves": float(len(state.moves)), "finished": float(state.done),
+        details = {"finished": float(state.done),
                    "invalid_move": float(bool(state.game_info.get("invalid_move")))}
-        info: dict[str, Any] = {"last_observation": state.last_observation}
+        info: dict[str, Any] = {"moves": len(state.moves), "reward": state.reward,
+                                "last_observation": state.last_observation}
         if state.done and state.reward is None:
             raise InfraError(f"{task.id}: the game ended without a numeric reward "
                              f"({state.game_info.get('unreadable_reward')})")
         if not state.done:
-            details.update(reward=0.0, won=0.0)
+            details.update(progress=0.0, won=0.0)
             info["error"] = (f"the game was not over after {len(state.moves)} moves "
                              "(the harness's turn limit came first)")
             return Score(outcome=0.0, success=False, details=details, info=info)
         won = state.reward >= 1.0
-        details.update(reward=state.reward, won=float(won))
+        progress = min(1.0, max(0.0, state.reward))
+        details.update(progress=progress, won=float(won))
         info["reason"] = state.game_info.get("reason")
-        outcome = float(won) if self.outcome == "win" else min(1.0, max(0.0, state.reward))
+        outcome = float(won) if self.outcome == "win" else progress
         return Score(outcome=outcome, success=won, details=details, info=info)
