@@ -36,7 +36,7 @@ def train_cmd(
     executor: str = typer.Option("local", "--executor", callback=choice("local", "ray"),
                                  help="local (live policy) | ray (actors load each step's adapter)"),
     actors: int = typer.Option(2, "--actors", min=1, help="Ray actors (with --executor ray)."),
-    rollout_model: Optional[str] = typer.Option(None, "--rollout-model", help="Roll out on another engine, e.g. vllm:PATH (loads each step's adapter)."),
+    rollout_model: Optional[str] = typer.Option(None, "--rollout-model", help="Roll out on another engine that loads each step's adapter: vllm:PATH, or a vLLM server as openai:URL?tokenizer=PATH."),
     track: Optional[str] = TrackOption,
     db: Optional[str] = DbOption,
 ) -> None:

@@ -8,11 +8,14 @@ adapter folder the backend must have loaded. An `Executor` runs a job and return
 trajectories in (task, sample) order.
 
 - `LocalExecutor(backend, judge=None)`: `run_episodes` in-process on a backend you already hold
-  (the RL stage's live policy, a scripted backend in tests).
+  (the RL stage's live policy, a vLLM engine or server that `coevo train --rollout-model`
+  names, a scripted backend in tests).
 - `RayExecutor(BackendSpec, judge=None)`: N actors, each building its own backend from a
   picklable spec (`load_backend` spec string + options), so nothing large crosses the wire.
   Tasks are cut into contiguous shards (a task's G samples stay on one actor, so a GRPO group
   still shares one prompt prefill), run concurrently, and concatenated back in task order.
+  `coevo eval --executor ray` runs evaluations on it, `coevo train --executor ray` the RL
+  stage's rollouts (each job names the step's adapter folder; every actor loads it first).
 
 `judge`: the backend that answers the rubric's `llm_judge` criteria (a Backend for the local
 executor, a BackendSpec built on each actor for Ray). Without one, a rubric with an llm_judge

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
+from urllib.parse import parse_qsl
 
 from coevo.errors import CoevoError
 
@@ -51,6 +53,22 @@ class Registry(Generic[T]):
 
     def __contains__(self, name: str) -> bool:
         return name in self._items
+
+
+def parse_query(text: str) -> dict[str, Any]:
+    """The options of a spec's `?key=value&...` part; values read as JSON when they parse
+    (`3`, `true`, `[1,2]`), else kept as strings.
+
+    >>> parse_query("n=3&tokenizer=/models/q&exact=true")
+    {'n': 3, 'tokenizer': '/models/q', 'exact': True}
+    """
+    out: dict[str, Any] = {}
+    for key, raw in parse_qsl(text, keep_blank_values=True, strict_parsing=False):
+        try:
+            out[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key] = raw
+    return out
 
 
 class BadOptions(CoevoError):

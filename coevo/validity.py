@@ -21,8 +21,9 @@ needs: the Task (`env.tasks(trajectory.split)` by id), the Response (as
 last turn's parse error) and the env Score (`env.score(task, state, response)`). For a
 single-turn environment `state = env.start(task)`; for a multi-turn one the state is rebuilt by
 replaying the episode against a fresh `env.start(task)`: each turn whose calls were executed
-(its `tool_results` are recorded) sends its environment-function calls to `env.step`, and a turn
-that attempted no call advances `env.next_turn`, as the agent graph does. The label is the
+(its `tool_results` are recorded) sends its environment-function calls to `env.step`, a turn
+that attempted no call advances `env.next_turn`, and in a text game (`env.act`) the reply of
+every other turn is played again, as the agent graph does. The label is the
 STORED outcome, never the rescored one: rescoring only recovers partial-credit details.
 
 Statistic: AUC of partial score vs (outcome >= 0.5) for each rubric on the same trajectories
@@ -122,12 +123,15 @@ def replay_state(env: Any, task: Task, t: Trajectory) -> Any:
     if getattr(env, "single_turn", True):
         return state
     next_turn = getattr(env, "next_turn", None)
+    act = getattr(env, "act", None)
     for i, turn in enumerate(t.turns):
         if turn.tool_results:  # these calls were executed in the episode
             names = _env_functions(state, task)
             calls = [c for c in turn.tool_calls if c.name in names]
             if calls:
                 env.step(state, calls)
+        elif act is not None:
+            act(state, turn.text)  # a text game: the reply was played as a move
         elif not turn.tool_calls and turn.parse_error is None and i + 1 < len(t.turns) \
                 and next_turn is not None:
             next_turn(state)  # the agent answered without a call: the next user turn came

@@ -261,6 +261,54 @@ def test_remote_executor_samples_with_the_latest_adapter_each_step(tiny_dir, tmp
     assert [p.name for p in rollout_dir.iterdir()] == ["step-2"]
 
 
+def test_ray_executor_rolls_out_the_same_trajectories_as_the_live_policy(tiny_dir, tmp_path):
+    """`coevo train --executor ray`: before every step the stage publishes the adapter, two
+    actors of a local Ray (2 CPUs) load it and roll out their shards of the step's tasks. Same
+    seeds give the same stored trajectories, and so the same trained weights, as rollouts on
+    the live policy in this process."""
+    import ray
+    import ray.cloudpickle
+
+    import tiny_glue
+    from coevo.executors import BackendSpec, RayExecutor
+
+    cfg = StageConfig(steps=2, tasks_per_step=2, samples=3, checkpoint_every=2, seed=5)
+    trainer, tok = fresh(tiny_dir)
+    store = open_run(tmp_path / "a.db", "live")
+    res = rl_stage(store, "live", 0, FirstCharEnv(), ASSETS, trainer, cfg, tokenizer=tok)
+    live = store.trajectories(run="live", round=0)
+    # step 0 updated the weights, so step 1's rollouts need the published adapter to match
+    assert res.steps[0].updated
+
+    ray.cloudpickle.register_pickle_by_value(tiny_glue)  # the workers cannot import tests/
+    ex = RayExecutor(BackendSpec(spec=f"hf:{tiny_dir}", options={"device": "cpu"}),
+                     num_actors=2, num_cpus=2, object_store_memory=80 * 1024 * 1024)
+    try:
+        trainer2, _ = fresh(tiny_dir)
+        store2 = open_run(tmp_path / "b.db", "ray")
+        rl_stage(store2, "ray", 0, FirstCharEnv(), ASSETS, trainer2, cfg, executor=ex)
+        held = ray.get([a.__ray_call__.remote(lambda w: w.backend.adapter) for a in ex._actors])
+    finally:
+        ex.close()
+        ray.cloudpickle.unregister_pickle_by_value(tiny_glue)
+    remote = store2.trajectories(run="ray", round=0)
+
+    # both actors sampled step 1 with the adapter the stage published for it
+    assert [Path(p).name for p in held] == ["step-1", "step-1"]
+    key = lambda t: (t.policy_step, t.task_id, t.sample_index)  # noqa: E731
+    live, remote = sorted(live, key=key), sorted(remote, key=key)
+    assert len(remote) == len(live) == 2 * 2 * 3
+    assert [key(t) + (t.seed, t.group_id) for t in remote] == [key(t) + (t.seed, t.group_id) for t in live]
+    assert [t.token_ids for t in remote] == [t.token_ids for t in live]
+    assert [t.loss_mask for t in remote] == [t.loss_mask for t in live]
+    assert [(t.reward, t.outcome) for t in remote] == [(t.reward, t.outcome) for t in live]
+    for a, b in zip(remote, live):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+    assert len({tuple(t.token_ids) for t in live}) > 6  # samples really differ
+    p1, p2 = params(trainer), params(trainer2)
+    assert all(torch.allclose(p1[n], p2[n], atol=1e-6) for n in p1)
+
+
 def test_tempered_temperature_follows_the_stages_own_history(tiny_dir, tmp_path):
     store = open_run(tmp_path / "t.db")
     trainer, tok = fresh(tiny_dir)

@@ -15,7 +15,9 @@ concurrent episode.
   harness's reflection prompt joins the observation.
 - user: environments with several user turns (BFCL multi-turn) hand over the next user
   message through `env.next_turn(state)` when the agent answers without a tool call; the
-  episode ends when there is none.
+  episode ends when there is none. Text games (TextArena) take every such reply as a move
+  through `env.act(state, text)`, the last turn's reply included, and answer with the next
+  user message until the game is over.
 - finish: answer extraction per harness, into the `Response` the verifier scores.
 
 Departure from a ReAct loop such as langgraph.prebuilt's: a `single_turn` environment scores
@@ -120,12 +122,29 @@ async def policy_node(state: GraphState, runtime: Runtime[EpisodeContext]) -> di
                                                top_p=s.top_p)))
     turn = state["turn"] + 1
     attempted = bool(parsed.calls) or parsed.error is not None
-    if ep.env.single_turn or turn >= ep.max_turns:
+    if ep.env.single_turn:
+        return {"route": "finish", "turn": turn}
+    if hasattr(ep.env, "act") and not (attempted and (ep.env_specs or ep.tools)):
+        return await _move(ep, completion.text, turn)
+    if turn >= ep.max_turns:
         return {"route": "finish", "turn": turn}
     if not attempted:
         ep.pending_user = _next_user_turn(ep)
         return {"route": "user" if ep.pending_user else "finish", "turn": turn}
     return {"route": "tools", "turn": turn}
+
+
+async def _move(ep: EpisodeContext, text: str, turn: int) -> dict[str, Any]:
+    """A text game: the reply is the move; the game's answer is the next user turn (the last
+    turn's reply is played too, so the game sees every move the policy made)."""
+    try:
+        answer = await asyncio.to_thread(ep.env.act, ep.env_state, text)
+    except Exception as exc:  # the game itself failed: missing data, never a lost game
+        ep.error = f"environment: {type(exc).__name__}: {exc}"
+        return {"route": "finish", "turn": turn}
+    ep.pending_user = list(answer or [])
+    more = bool(ep.pending_user) and turn < ep.max_turns
+    return {"route": "user" if more else "finish", "turn": turn}
 
 
 def _next_user_turn(ep: EpisodeContext) -> list[dict[str, Any]]:

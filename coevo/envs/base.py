@@ -61,6 +61,11 @@ class Environment(Protocol):
       user turns (BFCL multi-turn) return the next user messages when the agent answers
       without a tool call, None when the conversation is over; a state with a `tools`
       attribute offers those tools from then on (functions revealed mid-episode).
+    - Optional `act(state, text) -> list[dict] | None`: text games (TextArena), where every
+      reply is a move. When the episode offers no tools, or the reply attempts no tool call,
+      the runtime plays the reply's text with `act` and appends the returned user messages
+      (the game's answer); None means the game is over. The reply of the harness's last turn
+      is played too. `act` takes precedence over `next_turn`.
     - `score` receives the state `start` returned (multi-turn verifiers need the history).
     - `score` never raises for bad agent output: a malformed answer scores 0 with a reason in
       `info`. It raises `coevo.errors.InfraError` only when the verifier itself cannot run.

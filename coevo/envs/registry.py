@@ -7,7 +7,9 @@ A spec is `<kind>:<argument>[?key=value&...]`:
   kwargs: `rg:basic_arithmetic?min_terms=2&max_terms=3`), `jsonl:<path>` a task file
   (`jsonl:tasks.jsonl?verifier=numeric&tolerance=0.01`, coevo/envs/jsonl.py),
   `verifiers:pkg.module:factory` a PrimeIntellect verifiers taskset (coevo/envs/verifiers_env.py),
-  `openenv:pkg.module:Env` an OpenEnv environment run in-process (coevo/envs/openenv_env.py);
+  `openenv:pkg.module:Env` an OpenEnv environment run in-process (coevo/envs/openenv_env.py),
+  `textarena:<game id>` a single-player TextArena game, one task per seed (extra `textarena`;
+  `textarena:GuessTheNumber-v0?max_number=50`, coevo/envs/textarena_env.py);
 - `pkg.module:ClassOrFactory` a plugin: imported and called with the options; the result
   must satisfy `coevo.envs.base.Environment`.
 
@@ -18,15 +20,13 @@ list of known kinds (`coevo.registry.Registry`).
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import parse_qsl
 
 from coevo.envs.base import Environment
 from coevo.errors import CoevoError
-from coevo.registry import Registry, UnknownName, import_dotted
+from coevo.registry import Registry, UnknownName, import_dotted, parse_query
 
 EnvFactory = Callable[..., Environment]
 ENV_KINDS: Registry[EnvFactory] = Registry("environment kind")
@@ -80,22 +80,19 @@ def _openenv(target: str, **opts: Any) -> Environment:
     return OpenEnvEnv(target, **opts)
 
 
+def _textarena(game: str, **opts: Any) -> Environment:
+    from coevo.envs.textarena_env import TextArenaEnv
+
+    return TextArenaEnv(game, **opts)
+
+
 ENV_KINDS.add("bfcl", _bfcl)
 ENV_KINDS.add("bfcl-multi", _bfcl_multi)
 ENV_KINDS.add("rg", _rg)
 ENV_KINDS.add("jsonl", _jsonl)
 ENV_KINDS.add("verifiers", _verifiers)
 ENV_KINDS.add("openenv", _openenv)
-
-
-def _query(text: str) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, raw in parse_qsl(text, keep_blank_values=True, strict_parsing=False):
-        try:
-            out[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            out[key] = raw
-    return out
+ENV_KINDS.add("textarena", _textarena)
 
 
 def parse_spec(spec: str) -> tuple[str, str, dict[str, Any]]:
@@ -107,7 +104,7 @@ def parse_spec(spec: str) -> tuple[str, str, dict[str, Any]]:
         )
     head, rest = spec.split(":", 1)
     arg, _, query = rest.partition("?")
-    return head, arg, _query(query)
+    return head, arg, parse_query(query)
 
 
 def make_env(spec: str, **opts: Any) -> Environment:

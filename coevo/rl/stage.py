@@ -10,9 +10,15 @@ store the trajectories, take a GRPO step, checkpoint every K steps; resumable fr
         stats  = trainer.train_step(trajs)              # SFT warm-up steps, then GRPO
         if (s + 1 - start) % K == 0 or last: save checkpoint, add its store row
 
-Rollouts run on an `HFBackend` wrapping the trainer's own peft model and a tokenizer, so the
-policy that samples is exactly the one being trained, with no adapter reload per step
-(nanochat's chat_rl.py does the same). The backend's `name` carries the trainer step
+Where rollouts run. By default on an `HFBackend` wrapping the trainer's own peft model and a
+tokenizer, so the policy that samples is exactly the one being trained, with no adapter reload
+per step (nanochat's chat_rl.py does the same); this is the RL stage of `coevo run` and of
+`coevo train` without flags. With an `executor` (`coevo train --executor ray`: Ray actors;
+`--rollout-model vllm:PATH` or `openai:URL?tokenizer=PATH`: a vLLM engine or server behind a
+LocalExecutor) the stage writes the current adapter to `<checkpoints>/rollout/step-N` before
+every step and the job asks the executor's backends to load it (`EpisodeJob.adapter`), so
+the remote policy is the trainer's after the same number of updates; storing and training
+stay here. The backend's `name` carries the trainer step
 (`<base>@step-N`) and each trajectory's `checkpoint` is the newest stored checkpoint the
 policy descends from (exact when N is a checkpoint step): the model that sampled a rollout is
 recoverable from the store either way.
@@ -27,10 +33,10 @@ checkpoint parents, and redoes the remaining steps exactly as an uninterrupted r
 Trajectory ids are derived from (run, round, step, task, sample), so a step that was stored
 before a crash but not checkpointed is redone without storing it twice.
 
-Departures: rollouts always run in-process on the live policy (a Ray executor would need
-weights pushed to its actors every step); rollouts from a backend without token ids are
-refused (RL trains on the exact sampled ids); infrastructure failures are excluded from
-their GRPO group by the trainer and counted here.
+Departures: remote rollouts get the weights as a LoRA adapter folder on disk, not pushed
+over the wire (on several machines the checkpoint folder must be shared); rollouts from a
+backend without token ids are refused (RL trains on the exact sampled ids); infrastructure
+failures are excluded from their GRPO group by the trainer and counted here.
 """
 
 from __future__ import annotations
@@ -165,9 +171,9 @@ def _refuse_untrainable(trajs: Sequence[Trajectory], backend: Any) -> None:
         t = bad[0]
         raise CoevoError(
             f"rl_stage: trajectory {t.id} (task {t.task_id}) is untrainable: backend "
-            f"{getattr(backend, 'name', '?')!r} returned no token ids / log-probs "
+            f"{t.model or getattr(backend, 'name', '?')!r} returned no token ids / log-probs "
             f"({len(bad)} of {len(trajs)} rollouts); RL needs a backend with a tokenizer "
-            "(hf, embedded, vllm)")
+            "(hf, embedded, vllm, openai:URL?tokenizer=PATH)")
 
 
 def _stage_start(store: Any, latest: Any, round: int) -> int:
