@@ -61,6 +61,7 @@ from coevo.propose.base import (
     make_proposer,
     stored_candidate,
 )
+from coevo.propose.feedback import verifier_feedback
 from coevo.reviewstep import review_step
 from coevo.traces import imported_traces
 
@@ -452,7 +453,8 @@ def propose_step(run: _Run, r: int, incumbent: Incumbent,
     harnesses = {h: run.store.get_asset("harness", h) for h in {t.harness for t in trajs if t.harness}}
     ctx = ProposalContext(run=run.id, round=r, incumbent=incumbent, trajectories=trajs,
                           imported=imported_traces(run.store, run.parts.env.name),
-                          harnesses=harnesses, seed=run.cfg.seed + r)
+                          harnesses=harnesses, feedback=verifier_feedback(run.parts.env, trajs),
+                          seed=run.cfg.seed + r)
     cands: list[Candidate] = []
     costs: list[dict[str, float]] = []
     for proposer in run.parts.proposers:
