@@ -37,7 +37,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from coevo.assets.harness import Harness
+from coevo.assets.harness import Harness, demo_messages
 from coevo.envs.base import Feedback
 from coevo.trajectory import Trajectory
 
@@ -166,14 +166,24 @@ def _blocks(blocks: list[tuple[str, TrajectorySketch]], fence: str, budget: int)
 
 
 def episode_messages(t: Trajectory, harness: Harness | None) -> list[dict[str, Any]]:
-    """The trajectory's messages minus what the harness put there (system message, demos)."""
+    """The trajectory's messages minus what the harness put there: the system message and
+    the demos the episode was shown (any of the harness's demos, its retrieval pool too, that
+    the messages start with, one after another)."""
     msgs = list(t.messages)
     if msgs and msgs[0].get("role") == "system":
         msgs = msgs[1:]
-    if harness is not None:
-        shown = harness.demo_messages()
-        if [_strip(m) for m in msgs[: len(shown)]] == [_strip(m) for m in shown]:
-            msgs = msgs[len(shown):]
+    if harness is None:
+        return msgs
+    # A task is never shown its own demo (coevo/agent/demos.py), and the task itself is left
+    shown = [[_strip(m) for m in demo_messages([d])] for d in harness.demo_candidates()
+             if d.source is None or d.source != t.task_id]
+    stripped = True
+    while stripped and msgs:
+        stripped = False
+        for demo in shown:
+            if len(msgs) > len(demo) and [_strip(m) for m in msgs[: len(demo)]] == demo:
+                msgs, stripped = msgs[len(demo):], True
+                break
     return msgs
 
 
