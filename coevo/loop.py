@@ -48,6 +48,7 @@ from coevo.config import RunConfig
 from coevo.errors import CoevoError
 from coevo.evaluate import EvalResult, evaluate
 from coevo.frozen_splits import check_frozen
+from coevo.gateplan import size_val_split
 from coevo.gatestep import gate_step
 from coevo.killpoints import KILL_ENV, kill_point  # noqa: F401  (KILL_ENV: for the tests)
 from coevo.ledger import eval_charge, over_budget
@@ -192,6 +193,7 @@ def run_coevolution(cfg: RunConfig, store: Any, parts: Parts | None = None, *,
     docstring. Returns every round's summary, the final incumbent and the test evaluation."""
     preflight(cfg, store, resume)
     parts = parts or build_parts(cfg)
+    cfg = size_val_split(cfg, parts.env, store, resume, progress or log.info)  # target_effect
     check_runnable(cfg, parts, store)                              # before any row is written
     rec = find_or_create_run(cfg, store, parts, resume)
     with store.executing(rec.id):                  # the run's lease; an error marks it failed
