@@ -432,6 +432,9 @@ def run_cmd(
     overrides: Optional[list[str]] = typer.Argument(None, help="Dotted overrides: rounds=3 gate.alpha=0.1"),
     resume: Optional[str] = typer.Option(None, "--resume", help="Continue this run where it stopped."),
     track: Optional[str] = TrackOption,
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the gate's power (minimum "
+                                 "detectable effect, val_n for gate.target_effect); load no "
+                                 "model, write nothing."),
     db: Optional[str] = DbOption,
 ) -> None:
     """Run the co-evolution loop: RL stage, proposals, validation gate, per round; then test."""
@@ -440,6 +443,18 @@ def run_cmd(
 
     if config is None and resume is None:
         raise CoevoError("give a run config YAML, or --resume RUN")
+    if dry_run:
+        from coevo.gateplan import dry_run as power_lines
+        from coevo.store.queries import open_readonly
+
+        if config is None:
+            with open_readonly(db) as store:
+                cfg = RunConfig.of_run(store.get_run(resume).config, overrides or ())
+        else:
+            cfg = RunConfig.load(config, overrides or ())
+        for line in power_lines(cfg, db, resume):
+            console.print(escaped(line), highlight=False, soft_wrap=True)
+        return
     store = _store(db)
     if config is None:  # resume from the config stored with the run
         cfg = RunConfig.of_run(store.get_run(resume).config, overrides or ())

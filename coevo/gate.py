@@ -151,6 +151,13 @@ class GatePolicy(BaseModel):
     # approved or vetoed (coevo proposals approve|veto, coevo serve --review); the loop
     # applies the reviews at the next round start (coevo/reviewstep.py).
     human_review: bool = False
+    # Power (coevo/gateplan.py, `coevo run --dry-run`): with target_effect the run sizes
+    # splits.val_n so that a mean paired difference of this size is accepted with probability
+    # target_power (at the round's Holm level); discordance: the share of paired episodes
+    # whose outcomes differ (None: observed in the store, else assumed).
+    target_effect: float | None = Field(None, gt=0.0, le=1.0)
+    target_power: float = Field(0.8, gt=0.0, lt=1.0)
+    discordance: float | None = Field(None, gt=0.0, le=1.0)
 
     @field_validator("name")
     @classmethod

@@ -134,13 +134,18 @@ def predictive_sign_pass(wins: int, losses: int, ties: int, remaining: int, alph
     counts = np.stack([w_r, l_r, remaining - w_r - l_r], axis=-1)
     prob = np.exp(_dm_logpmf(counts, prior))
     final_w, final_n = wins + w_r, wins + losses + w_r + l_r
-    passes = final_w >= _critical_wins(wins + losses + remaining, alpha)[final_n]
+    passes = final_w >= critical_wins(wins + losses + remaining, alpha)[final_n]
     return float(np.clip(prob[passes].sum(), 0.0, 1.0))
 
 
-def _critical_wins(n_max: int, alpha: float) -> np.ndarray:
+def critical_wins(n_max: int, alpha: float) -> np.ndarray:
     """c[N] = fewest wins out of N non-ties with sign_test_p(c, N - c) <= alpha (N + 1 if none),
-    so the grid above needs one comparison per outcome instead of one binomial tail each."""
+    so the grid above needs one comparison per outcome instead of one binomial tail each
+    (coevo/power.py's exact power uses it too).
+
+    >>> int(critical_wins(10, 0.05)[10])
+    9
+    """
     n = np.arange(n_max + 1)
     c = stats.binom.ppf(1 - alpha, n, 0.5) + 1  # P(X >= c) <= alpha  <=>  P(X <= c - 1) >= 1 - alpha
     c = np.where(n == 0, 1, c).astype(int)

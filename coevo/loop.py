@@ -52,6 +52,7 @@ from coevo.config import RunConfig
 from coevo.errors import CoevoError
 from coevo.evaluate import EvalResult, evaluate
 from coevo.frozen_splits import check_frozen
+from coevo.gateplan import size_val_split
 from coevo.gatestep import gate_step
 from coevo.killpoints import KILL_ENV, kill_point  # noqa: F401  (KILL_ENV: for the tests)
 from coevo.ledger import eval_charge, over_budget
@@ -66,6 +67,7 @@ from coevo.propose.base import (
     make_proposer,
     stored_candidate,
 )
+from coevo.propose.feedback import verifier_feedback
 from coevo.reviewstep import review_step
 from coevo.traces import imported_traces
 
@@ -211,6 +213,7 @@ def run_coevolution(cfg: RunConfig, store: Any, parts: Parts | None = None, *,
 
     preflight(cfg, store, resume)
     parts = parts or build_parts(cfg)
+    cfg = size_val_split(cfg, parts.env, store, resume, progress or log.info)  # target_effect
     check_runnable(cfg, parts, store)                              # before any row is written
     rec = find_or_create_run(cfg, store, parts, resume)
     say = progress or log.info
@@ -489,7 +492,8 @@ def propose_step(run: _Run, r: int, incumbent: Incumbent,
     harnesses = {h: run.store.get_asset("harness", h) for h in {t.harness for t in trajs if t.harness}}
     ctx = ProposalContext(run=run.id, round=r, incumbent=incumbent, trajectories=trajs,
                           imported=imported_traces(run.store, run.parts.env.name),
-                          harnesses=harnesses, seed=run.cfg.seed + r)
+                          harnesses=harnesses, feedback=verifier_feedback(run.parts.env, trajs),
+                          seed=run.cfg.seed + r)
     cands: list[Candidate] = []
     costs: list[dict[str, float]] = []
     for proposer in run.parts.proposers:

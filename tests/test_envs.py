@@ -343,9 +343,9 @@ def test_env_tasks_n_and_split_option():
 
 
 def test_registry_known_kinds_in_errors():
-    with pytest.raises(CoevoError, match="bfcl, bfcl-multi, jsonl, openenv, rg, verifiers"):
+    with pytest.raises(CoevoError, match="bfcl, bfcl-multi, jsonl, openenv, rg, textarena, verifiers"):
         make_env("gsm9k:main")
-    with pytest.raises(CoevoError, match="known kinds: bfcl, bfcl-multi, jsonl, openenv, rg, verifiers"):
+    with pytest.raises(CoevoError, match="known kinds: bfcl, bfcl-multi, jsonl, openenv, rg, textarena, verifiers"):
         make_env("no-colon")
 
 

@@ -20,14 +20,15 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from coevo.agent.context import ContextError, TokenSequence
+from coevo.agent.demos import held_out_ids, select_demos
 from coevo.agent.graph import EpisodeContext, run_graph
 from coevo.agent.skills import select_skills, skill_query
 from coevo.agent.tools import TOOLS, Tool, resolve_tools
-from coevo.assets.harness import Harness
+from coevo.assets.harness import Harness, demo_messages
 from coevo.envs.base import Environment, Task
 from coevo.errors import CoevoError, InfraError
 from coevo.models.base import Backend, Completion, Request
@@ -62,27 +63,32 @@ def _library_hash(library: Any, skills: Sequence[Any]) -> str | None:
     return SkillLibrary.from_skills("adhoc", skills).hash
 
 
-def build_messages(harness: Harness, task: Task, active_skills: list[Any]) -> list[dict]:
+def build_messages(harness: Harness, task: Task, active_skills: list[Any],
+                   held_out: Collection[str] = ()) -> list[dict]:
     """System (harness.render_system: prompt, the task's functions and the harness's own
-    tools, the active skills, answer format) + the few-shot demos + the task's messages."""
+    tools, the active skills, answer format) + the task's few-shot demos (agent/demos.py:
+    all static demos, or the top-k retrieved, never from `held_out` tasks) + the task's
+    messages."""
     system = harness.render_system(task.tools, active_skills)
     messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
-    messages.extend(harness.demo_messages())
+    messages.extend(demo_messages(select_demos(harness, task, held_out)))
     messages.extend(dict(m) for m in task.messages)
     return messages
 
 
-def first_prompt(harness: Harness, task: Task, skills: Sequence[Any] = ()
+def first_prompt(harness: Harness, task: Task, skills: Sequence[Any] = (),
+                 held_out: Collection[str] = ()
                  ) -> tuple[list[dict], list[dict] | None, list[Any]]:
     """What an episode's first prompt is built from: its messages (`build_messages` with the
-    skills the harness activates for the task), the tool specs the chat template renders
-    itself (None unless tool_format is chat_template) and the active skills."""
+    skills the harness activates for the task; retrieved demos never from `held_out` tasks),
+    the tool specs the chat template renders itself (None unless tool_format is chat_template)
+    and the active skills."""
     active = select_skills(list(skills), skill_query(task.messages, task.tools),
                            top_k=harness.skills.top_k, method=harness.skills.method)
     template_tools = None
     if harness.tool_format == "chat_template":  # the template renders the tool docs itself
         template_tools = harness.tool_specs(task.tools)
-    return build_messages(harness, task, active), template_tools, active
+    return build_messages(harness, task, active, held_out), template_tools, active
 
 
 def harness_tools(harness: Harness, scored_only: bool = False) -> dict[str, Tool]:
@@ -120,14 +126,16 @@ async def run_episode(env: Environment, task: Task, harness: Harness, *, generat
                       tokenizer: Any, seed: int, skills: Sequence[Any] = (),
                       rubric: Any = None, judge: Backend | None = None,
                       tool_timeout: float = DEFAULT_TOOL_TIMEOUT_S,
-                      temperature: float | None = None) -> Trajectory:
+                      temperature: float | None = None,
+                      held_out: Collection[str] = ()) -> Trajectory:
     """One episode through the harness graph, scored; the Trajectory without run identity
     fields (group, sample index, asset hashes), which `run_episodes` fills in. `temperature`
-    replaces the harness's sampling temperature (None: the harness's)."""
+    replaces the harness's sampling temperature (None: the harness's). `held_out`: task ids
+    whose demos are never retrieved (the environment's val and test tasks)."""
     t0 = time.perf_counter()
     wf = harness.workflow
     own_tools = harness_tools(harness, scored_only=env.single_turn)
-    messages, template_tools, active = first_prompt(harness, task, skills)
+    messages, template_tools, active = first_prompt(harness, task, skills, held_out)
     traj = Trajectory(env=env.name, task_id=task.id, seed=seed,
                       active_skills=[s.name for s in active])
     try:
@@ -219,6 +227,7 @@ async def run_episodes(env: Environment, tasks: Sequence[Task], harness: Harness
                   rubric=rubric.hash if rubric is not None else None)
     generate = _Batched(batcher)
     tokenizer = getattr(backend, "tokenizer", None)
+    held_out = held_out_ids(env, harness)  # a retrieval pool never serves val / test tasks
     limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
 
     async def one(task: Task, index: int, seed: int, group: str) -> Trajectory:
@@ -226,7 +235,8 @@ async def run_episodes(env: Environment, tasks: Sequence[Task], harness: Harness
             return await run_episode(env, task, harness, generate=generate, tokenizer=tokenizer,
                                      seed=seed, skills=skill_list, rubric=rubric, judge=judge,
                                      tool_timeout=tool_timeout,
-                                     temperature=(temperatures or {}).get(task.id))
+                                     temperature=(temperatures or {}).get(task.id),
+                                     held_out=held_out)
         if limit is None:
             traj = await go()
         else:

@@ -191,6 +191,45 @@ class Demo(_Model):
         return v
 
 
+POOL_MAX = 512  # demos in a retrieval pool
+
+
+def demo_messages(demos: Sequence[Demo]) -> list[dict[str, Any]]:
+    """Demos flattened into chat messages, in order."""
+    return [m.model_dump(exclude_none=True) for d in demos for m in d.messages]
+
+
+class DemoSelection(_Model):
+    """`demo_selection`: which demos a task is shown.
+
+    static (the default): every demo of `demos`, in order, on every task (what a harness did
+    before this knob existed). retrieve: per task, the `k` demos of `demos` + `pool` lexically
+    closest to the task (BM25 of the task's prompt and offered functions against each demo's
+    messages; coevo/agent/demos.py), best first: DSPy's KNNFewShot with BM25 for the embedding.
+    A demo whose `source` is the task being run, or a val or test task of the environment, is
+    never retrieved; proposers build the pool from train trajectories only.
+
+    The pool is part of the harness's content, so its content is in the harness hash: a
+    changed pool is a new harness version. A harness file may give `pool_file: PATH` (JSON
+    lines, one demo each, relative to the harness file) instead of `pool`; it is read and
+    inlined when the file is loaded. Written `demo_selection: retrieve` or in full."""
+
+    select: Literal["static", "retrieve"] = "static"
+    k: int = Field(2, ge=1, le=8)
+    pool: list[Demo] = Field(default_factory=list, max_length=POOL_MAX)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        return {"select": data} if isinstance(data, str) else data
+
+    @model_validator(mode="after")
+    def _pool_needs_retrieve(self) -> "DemoSelection":
+        if self.pool and self.select != "retrieve":
+            raise ValueError("a pool is only used with select: retrieve")
+        return self
+
+
 class SkillActivation(_Model):
     # bm25: the runtime ranks active skills by name + description against the task and shows
     # the top_k; all: every active skill; none: no skills.
@@ -288,6 +327,7 @@ class Harness(Asset):
             "answer_format",
             "workflow",
             "demos",
+            "demo_selection",
             "skills",
             "decoding",
         }
@@ -303,6 +343,7 @@ class Harness(Asset):
     answer_format: LimitedText(5000) = ""
     workflow: Workflow = Field(default_factory=Workflow)
     demos: list[Demo] = Field(default_factory=list, max_length=16)
+    demo_selection: DemoSelection = Field(default_factory=DemoSelection)
     skills: SkillActivation = Field(default_factory=SkillActivation)
     decoding: Decoding = Field(default_factory=Decoding)
 
@@ -316,12 +357,43 @@ class Harness(Asset):
         return v
 
     def content(self) -> dict[str, Any]:
-        # An unconstrained harness hashes as it did before `decoding.constrain` existed, so
-        # stored versions keep their identity; any other setting is part of the hash.
+        # An unconstrained harness with static demos hashes as it did before
+        # `decoding.constrain` and `demo_selection` existed, so stored versions keep their
+        # identity; any other setting (a retrieval pool with its demos) is part of the hash.
         data = super().content()
         if self.decoding.constrain == Constrain():
             data["decoding"].pop("constrain", None)
+        if self.demo_selection == DemoSelection():
+            data.pop("demo_selection", None)
         return data
+
+    @classmethod
+    def inline_files(cls, data: dict[str, Any], source: str) -> dict[str, Any]:
+        """A harness file's data with `demo_selection.pool_file` read and inlined as `pool`
+        (the path is relative to the file; AssetError names the file, line and field)."""
+        sel = data.get("demo_selection")
+        if not isinstance(sel, dict) or "pool_file" not in sel:
+            return data
+        from pathlib import Path
+
+        from coevo.errors import AssetError
+        from coevo.jsonlines import read_objects, validate_line
+
+        sel = dict(sel)
+        ref = sel.pop("pool_file")
+        if "pool" in sel or not isinstance(ref, str) or not ref:
+            raise AssetError(source, "demo_selection.pool_file",
+                             "give a file path (and no `pool` next to it)")
+        path = Path(source).parent / ref
+        sel["pool"] = [validate_line(Demo, d, where).model_dump(mode="json", exclude_none=True)
+                       for where, d in read_objects(str(path), "demo")]
+        return {**data, "demo_selection": sel}
+
+    def demo_candidates(self) -> list[Demo]:
+        """Every demo a task may be shown: `demos`, plus the pool when retrieving."""
+        if self.demo_selection.select == "retrieve":
+            return [*self.demos, *self.demo_selection.pool]
+        return list(self.demos)
 
     def sampling(self, seed: int | None = None) -> Sampling:
         return Sampling(**self.decoding.model_dump(exclude={"constrain"}), seed=seed)
@@ -342,8 +414,8 @@ class Harness(Asset):
         return specs + own
 
     def demo_messages(self) -> list[dict[str, Any]]:
-        """All demos flattened into chat messages, in order."""
-        return [m.model_dump(exclude_none=True) for d in self.demos for m in d.messages]
+        """All (static) demos flattened into chat messages, in order."""
+        return demo_messages(self.demos)
 
     def render_system(
         self, task_tools: Sequence[dict[str, Any]] = (), skills: Sequence["Skill"] = ()

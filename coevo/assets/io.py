@@ -33,7 +33,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from coevo.assets.base import ASSET_TYPES, Asset
+from coevo.assets.base import ASSET_TYPES, LINEAGE_FIELDS, Asset
 from coevo.checks import python_criteria_problems
 from coevo.errors import AssetError
 
@@ -263,6 +263,8 @@ def file_data(asset: Asset) -> dict[str, Any]:
     """
     data = asset.model_dump(mode="json", exclude_none=True)
     content = asset.content()
+    for key in [k for k in data if k not in content and k not in LINEAGE_FIELDS]:
+        data.pop(key)  # a whole block left out of the content at its default
     for key, value in data.items():
         if isinstance(value, dict) and isinstance(content.get(key), dict):
             for sub in [k for k in value if k not in content[key]]:
@@ -307,7 +309,11 @@ def parse_asset(text: str, source: str, kind: str | None = None) -> Asset:
     from_markdown = getattr(cls, "from_markdown", None)
     if callable(from_markdown):
         return from_markdown(text, source)
-    asset = validate_asset(cls, parse_yaml(text, source), source)
+    data = parse_yaml(text, source)
+    inline = getattr(cls, "inline_files", None)
+    if callable(inline):  # files an asset file refers to (a harness's demo pool)
+        data = inline(data, source)
+    asset = validate_asset(cls, data, source)
     # Files are where a person adds a rubric: a python check it names must be registered
     # (coevo.checks). Stored versions are not re-checked on load, so audits still read them.
     problems = python_criteria_problems(asset)

@@ -235,6 +235,10 @@ def _not_in_request(h: Harness) -> list[str]:
         notes += [f"{field}.{k}: {json.dumps(now[k])}" for k in now if now[k] != base[k]]
     if any(t.sandbox != DEFAULT_SANDBOX for t in h.tools):
         notes.append("tools.*.sandbox: the deploying application runs the tools")
+    sel = h.demo_selection
+    if sel.select == "retrieve":
+        notes.append(f"demo_selection: retrieve {sel.k} per task from a pool of {len(sel.pool)} "
+                     "(one request carries the static demos only)")
     return notes
 
 

@@ -18,17 +18,22 @@ outcome 1. Built in:
 
 A plugin `pkg.module:function` with the same signature is imported by name
 (`coevo.registry.import_dotted`), as environment plugins are.
+
+A failed check gets the verifier's diagnosis (`Score.feedback`): the built-in checks say what
+was expected and what was given (`explain`); a plugin may return a Score with its own
+feedback, else the line names the check and the score.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import string
 from collections.abc import Callable
 from typing import Any
 
-from coevo.envs.base import Response, Score
+from coevo.envs.base import Feedback, Response, Score
 from coevo.errors import CoevoError, InfraError
 from coevo.linear_regex import compile_pattern
 from coevo.registry import Registry, import_dotted
@@ -159,7 +164,19 @@ def tool_calls(response: Response, answer: Any) -> Score:
     ok = matched == len(want) and len(got) == len(want)
     return Score(outcome=float(ok), success=ok,
                  details={"names": float(names), "matched": matched / max(len(want), 1)},
-                 info={"calls": [c.model_dump() for c in got]} if not ok else {})
+                 info={"calls": [c.model_dump() for c in got]} if not ok else {},
+                 feedback=None if ok else _calls_feedback(want, got, names))
+
+
+def _calls_feedback(want: list[dict[str, Any]], got: list[Any], names: bool) -> Feedback:
+    def show(calls: list[tuple[str, Any]]) -> str:
+        return ", ".join(f"{n}({json.dumps(a, ensure_ascii=False, sort_keys=True)})" for n, a in calls)
+
+    expected = show([(w["name"], w.get("arguments", {})) for w in want])
+    given = show([(c.name, c.arguments) for c in got])
+    kind = ("no_call" if not got else "wrong_call_count" if len(got) != len(want)
+            else "wrong_arguments" if names else "wrong_function")
+    return Feedback.of(kind, f"expected {expected}; given {given or 'no call'}")
 
 
 def resolve_check(name: str, options: dict[str, Any], where: str) -> Check:
@@ -181,8 +198,10 @@ def resolve_check(name: str, options: dict[str, Any], where: str) -> Check:
         raise CoevoError(f"{where}: verifier {name!r}: cannot import {module!r} ({e})") from None
 
 
-def run_check(check: Check, response: Response, answer: Any, options: dict[str, Any]) -> Score:
-    """The check's verdict as a Score. The built-in checks take any agent output (answers are
+def run_check(check: Check, response: Response, answer: Any, options: dict[str, Any],
+              name: str | None = None) -> Score:
+    """The check's verdict as a Score, with feedback when it failed (`explain`; `name` is the
+    check's name in the task file). The built-in checks take any agent output (answers are
     validated when the file is read), so a check that raises or returns something other than a
     number in [0, 1] or a Score is a broken verifier: InfraError, missing data, not a zero."""
     try:
@@ -190,10 +209,42 @@ def run_check(check: Check, response: Response, answer: Any, options: dict[str, 
     except Exception as e:  # noqa: BLE001 - a plugin's own bug
         raise InfraError(f"verifier {_name(check)} raised {type(e).__name__}: {e}") from e
     if isinstance(value, Score):
-        return value
-    if isinstance(value, (bool, int, float)) and 0.0 <= float(value) <= 1.0:
-        return Score(outcome=float(value), success=float(value) >= 1.0)
-    raise InfraError(f"verifier {_name(check)} returned {value!r}, not a number in [0, 1] or a Score")
+        score = value
+    elif isinstance(value, (bool, int, float)) and 0.0 <= float(value) <= 1.0:
+        score = Score(outcome=float(value), success=float(value) >= 1.0)
+    else:
+        raise InfraError(f"verifier {_name(check)} returned {value!r}, not a number in [0, 1] or a Score")
+    if score.success or score.feedback is not None:
+        return score
+    return score.model_copy(update={"feedback": explain(name or _name(check), response, answer,
+                                                        options, score.outcome)})
+
+
+def explain(name: str, response: Response, answer: Any, options: dict[str, Any],
+            outcome: float = 0.0) -> Feedback:
+    """Why check `name` failed: what it expected and what it was given.
+
+    >>> explain("numeric", Response(text="about 3.2"), 3.14, {"tolerance": 0.01}).text
+    "expected 3.14 (tolerance 0.01), given 3.2 (from 'about 3.2')"
+    """
+    text = response.text.strip()
+    given = repr(text if len(text) <= 80 else text[:77] + "...")
+    if not text:
+        return Feedback.of("no_answer", "the answer was empty" + (
+            f"; expected {answer!r}" if name in ANSWER_RULES else ""))
+    if name in ("exact", "normalized"):
+        return Feedback.of("wrong_answer", f"expected {str(answer)!r}, given {given}"
+                           + (" (compared after normalizing)" if name == "normalized" else ""))
+    if name == "regex":
+        return Feedback.of("no_match", f"expected a match of the pattern {answer!r}, given {given}")
+    if name == "numeric":
+        got = last_number(text)
+        if got is None:
+            return Feedback.of("no_number", f"expected a number near {answer}, given {given}")
+        tol = options.get("tolerance", 1e-6)
+        return Feedback.of("wrong_answer", f"expected {answer} (tolerance {tol:g}), given {got:g} "
+                           f"(from {given})")
+    return Feedback.of("wrong_answer", f"verifier {name} scored {outcome:.2f}; given {given}")
 
 
 def _name(check: Check) -> str:

@@ -4,7 +4,11 @@ An environment serves tasks of a split, optionally executes tool calls against i
 simulated world (multi-turn), and scores an episode with its own verifier. The verifier's
 `outcome` is the ground truth; `details` carries the environment's partial-credit signals
 (e.g. BFCL: output decodes, right function name, required arguments present, values right),
-which rubrics may turn into reward but the gate never confuses with the outcome.
+which rubrics may turn into reward but the gate never confuses with the outcome. `feedback` is
+the verifier's own diagnosis of a failed episode (GEPA's "feedback function"): a normalized
+kind (`wrong_type`, `missing_parameter`, `wrong_answer`, ...) and one short line, which the
+round digest groups for the proposers (coevo/propose/feedback.py; train tasks only, since the
+line may name the expected answer).
 """
 
 from __future__ import annotations
@@ -41,12 +45,39 @@ class Response(BaseModel):
     parse_error: str | None = None
 
 
+FEEDBACK_CHARS = 240  # one line: a proposer's digest holds several of them
+FEEDBACK_KIND = r"^[a-z][a-z0-9_]{0,47}$"
+
+
+class Feedback(BaseModel):
+    """Why the verifier failed an episode: `kind` groups failures (snake_case, a small fixed
+    vocabulary per environment), `text` is one line a person or proposer can act on. It may
+    name the expected answer: never show it for a val or test task."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: str = Field(pattern=FEEDBACK_KIND)
+    text: str = Field("", max_length=FEEDBACK_CHARS)
+
+    @classmethod
+    def of(cls, kind: str, text: str = "") -> "Feedback":
+        """`text` on one line, cut to FEEDBACK_CHARS (head kept, marked with "...").
+
+        >>> Feedback.of("wrong_answer", "expected 33,\\n given 32").text
+        'expected 33, given 32'
+        """
+        line = " ".join(str(text).split())
+        if len(line) > FEEDBACK_CHARS:
+            line = line[: FEEDBACK_CHARS - 3] + "..."
+        return cls(kind=kind, text=line)
+
+
 class Score(BaseModel):
     model_config = ConfigDict(extra="forbid")
     outcome: float = Field(ge=0.0, le=1.0)
     success: bool
     details: dict[str, float] = Field(default_factory=dict)
     info: dict[str, Any] = Field(default_factory=dict)  # e.g. the checker's error message
+    feedback: Feedback | None = None  # set on failures by the environments that can say why
 
 
 @runtime_checkable

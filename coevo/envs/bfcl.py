@@ -48,7 +48,7 @@ import types
 from pathlib import Path
 from typing import Any
 
-from coevo.envs.base import Response, Score, Task
+from coevo.envs.base import Feedback, Response, Score, Task
 from coevo.envs.bfcl_decode import bfcl_decode
 from coevo.envs.splits import SplitSpec, select, split_field
 from coevo.errors import CoevoError, InfraError
@@ -335,6 +335,46 @@ def _verdict(category: str, functions: list[dict], answer: list[dict] | None,
     return ok, {} if ok else {"error": result.get("error"), "error_type": result.get("error_type")}
 
 
+# BFCL checker error types (`<checker>:<reason>`) -> the normalized kinds a digest groups by;
+# matched on the reason first, then on the checker's family (type_error / value_error).
+_REASON_KINDS = {
+    "wrong_func_name": "wrong_function", "missing_required": "missing_parameter",
+    "missing_optional": "missing_parameter", "unexpected_param": "unexpected_parameter",
+    "wrong_count": "wrong_call_count", "cannot_find_match": "no_matching_call",
+    "decoder_failed": "not_decoded", "force_terminated": "unfinished",
+}
+_FAMILY_KINDS = {"type_error": "wrong_type", "value_error": "wrong_value",
+                 "checker_exception": "checker_error", "ast_decoder": "not_decoded"}
+
+
+def error_kind(error_type: str | None) -> str:
+    """The normalized kind of a BFCL checker `error_type` ("other" when unknown).
+
+    >>> error_kind("type_error:simple"), error_kind("simple_function_checker:wrong_func_name")
+    ('wrong_type', 'wrong_function')
+    """
+    family, _, reason = str(error_type or "").partition(":")
+    return _REASON_KINDS.get(reason) or _FAMILY_KINDS.get(family) or "other"
+
+
+def checker_feedback(why: dict[str, Any], parse_error: str | None = None) -> Feedback:
+    """The checker's own verdict on a failed call (`_verdict`'s error and error_type, or the
+    multi-turn checker's) as Feedback: kind from `error_kind`, its first message as the line."""
+    err = why.get("error")
+    text = "; ".join(map(str, err)) if isinstance(err, list) else str(err or "")
+    if why.get("error_type"):
+        kind = error_kind(why["error_type"])
+    elif text == "no function call decoded":
+        kind = "no_call"
+    elif text.startswith("called a function"):
+        kind = "unwanted_call"
+    else:
+        kind = "bad_format" if text else "other"
+    if parse_error and kind in ("not_decoded", "no_call"):
+        text += f" (parse error: {parse_error})"
+    return Feedback.of(kind, text)
+
+
 def _offered_names(decoded: list[dict], functions: list[dict]) -> list[dict]:
     """Original dotted names in decoded calls mapped to the offered underscore names."""
     dotted = {f["name"]: openai_name(f["name"]) for f in functions}
@@ -363,7 +403,8 @@ def check_single_turn(
     info: dict[str, Any] = {"decoded": decoded, "decoder": decode, **why}
     if response.parse_error:
         info["parse_error"] = response.parse_error
-    return Score(outcome=float(ok), success=ok, details=details, info=info)
+    feedback = None if ok else checker_feedback(why, response.parse_error)
+    return Score(outcome=float(ok), success=ok, details=details, info=info, feedback=feedback)
 
 
 # ------------------------------------------------------------------------------ environment

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coevo.envs.base import Response, Score, Task
-from coevo.envs.bfcl import bfcl_modules, load_entries, to_openai_tool
+from coevo.envs.bfcl import bfcl_modules, checker_feedback, load_entries, to_openai_tool
 from coevo.envs.callparse import ParseError, python_call_parts, python_call_text
 from coevo.envs.splits import SplitSpec, select, split_field
 from coevo.errors import CoevoError, InfraError
@@ -298,7 +298,8 @@ class BFCLMultiEnv:
         if len(decoded) != len(gt):
             info["error"] = f"episode reached {len(decoded)} of {len(gt)} turns"
             info["error_type"] = "multi_turn:force_terminated"
-            return Score(outcome=0.0, success=False, details=details, info=info)
+            return Score(outcome=0.0, success=False, details=details, info=info,
+                         feedback=checker_feedback(info))
         entry = {"id": task.id, "initial_config": task.metadata["initial_config"],
                  "involved_classes": task.metadata["involved_classes"]}
         model_name = f"coevo_{uuid.uuid4().hex}"
@@ -312,7 +313,8 @@ class BFCLMultiEnv:
         if not ok:
             info["error"] = result.get("error_message")
             info["error_type"] = result.get("error_type")
-        return Score(outcome=float(ok), success=ok, details=details, info=info)
+        return Score(outcome=float(ok), success=ok, details=details, info=info,
+                     feedback=None if ok else checker_feedback(info))
 
     def _partial_credit(self, task: Task, state: MultiTurnState, gt: list[list[str]]) -> dict[str, float]:
         executed = state.results

@@ -121,7 +121,7 @@ class JsonlEnv:
     def score(self, task: Task, state: Any, response: Response) -> Score:
         v = task.metadata["verifier"]
         check = _resolve(v["name"], canonical_json(v["options"]))
-        return run_check(check, response, task.answer, v["options"])
+        return run_check(check, response, task.answer, v["options"], name=v["name"])
 
 
 @functools.lru_cache(maxsize=64)

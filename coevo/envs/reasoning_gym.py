@@ -20,7 +20,7 @@ import ast
 import json
 from typing import Any
 
-from coevo.envs.base import Response, Score, Task
+from coevo.envs.base import Feedback, Response, Score, Task
 from coevo.envs.callparse import safe_arithmetic
 from coevo.envs.splits import SplitSpec, select, split_field
 from coevo.errors import CoevoError
@@ -157,7 +157,27 @@ class ReasoningGymEnv:
         except Exception as e:  # a dataset scorer tripping on odd text: a wrong answer
             raw, info["error"] = 0.0, f"score_answer raised {type(e).__name__}: {e}"
         outcome = min(1.0, max(0.0, float(raw or 0.0)))
-        return Score(outcome=outcome, success=outcome >= 1.0, details=details, info=info)
+        feedback = None if outcome >= 1.0 else answer_feedback(str(entry["answer"]), text,
+                                                                info.get("error"))
+        return Score(outcome=outcome, success=outcome >= 1.0, details=details, info=info,
+                     feedback=feedback)
+
+
+def answer_feedback(expected: str, given: str, error: str | None = None) -> Feedback:
+    """A wrong answer's diagnosis: expected vs given (both shortened), `no_answer` when
+    nothing was extracted, `scorer_error` when the dataset's scorer tripped on the text.
+
+    >>> answer_feedback("33", "32").text
+    "expected '33', given '32'"
+    """
+    def cut(x: str) -> str:
+        return repr(x if len(x) <= 80 else x[:77] + "...")
+
+    if error:
+        return Feedback.of("scorer_error", f"{error}; expected {cut(expected)}, given {cut(given)}")
+    if not given:
+        return Feedback.of("no_answer", f"no answer was extracted; expected {cut(expected)}")
+    return Feedback.of("wrong_answer", f"expected {cut(expected)}, given {cut(given)}")
 
 
 def _known_datasets() -> list[str]:

@@ -25,6 +25,7 @@ from coevo.assets.harness import Harness
 from coevo.assets.rubric import Rubric
 from coevo.assets.skill import Skill, SkillLibrary
 from coevo.checks import python_criteria_problems
+from coevo.envs.base import Feedback
 from coevo.errors import CoevoError
 from coevo.executors import AgentAssets
 from coevo.registry import Registry, UnknownName
@@ -102,7 +103,8 @@ class ProposalContext(BaseModel):
     `harnesses` maps the harness hashes they name to the versions, so a proposer can strip
     what the harness put into a transcript (system message, demos). `imported` are a team's
     own production traces of the run's environment (coevo/traces.py): extra evidence, from
-    another harness and model, never scored by coevo."""
+    another harness and model, never scored by coevo. `feedback` maps a failed train
+    trajectory's id to the verifier's diagnosis (coevo/propose/feedback.py)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
     run: str
@@ -111,6 +113,7 @@ class ProposalContext(BaseModel):
     trajectories: list[Trajectory] = Field(default_factory=list)
     imported: list[Trajectory] = Field(default_factory=list)
     harnesses: dict[str, Harness] = Field(default_factory=dict)
+    feedback: dict[str, Feedback] = Field(default_factory=dict)
     seed: int = 0
 
 

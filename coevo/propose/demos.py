@@ -10,13 +10,20 @@ and the harness's own demos, known from `ctx.harnesses`), cut after the final as
 Departures from DSPy: no teacher program and no metric calls of its own (the environment's
 verifier already scored the trajectory); `keep` existing demos can be kept ahead of the new
 ones; ties are broken by trajectory id so the choice is reproducible (resume re-derives it).
+
+`select: retrieve` proposes DSPy's KNNFewShot instead: a harness child whose
+`demo_selection` retrieves the `k` closest demos per task (coevo/agent/demos.py) from a pool
+of the round's successful train trajectories (best one per task, up to `pool_size`), merged
+with the incumbent's pool when it already retrieves (a task's new demo replaces its old one;
+the newest round's demos come first, so a full pool drops the oldest). The static `demos` are
+kept: they stay retrieval candidates.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 
-from coevo.assets.harness import Demo, DemoMessage, Harness
+from coevo.assets.harness import POOL_MAX, Demo, DemoMessage, DemoSelection, Harness
 from coevo.propose.base import PROPOSERS, Candidate, ProposalContext
 from coevo.propose.digest import episode_messages
 from coevo.trajectory import Trajectory
@@ -29,15 +36,23 @@ class DemosProposer:
     name = "demos"
 
     def __init__(self, k: int = 2, keep: int = 0, min_reward: float | None = None,
-                 max_chars: int = 4000, name: str = "demos"):
+                 max_chars: int = 4000, name: str = "demos", select: str = "static",
+                 pool_size: int = 64):
         if k < 1:
             raise ValueError("k must be >= 1")
         if keep < 0 or keep + k > _MAX_DEMOS:
             raise ValueError(f"keep + k must be within 0..{_MAX_DEMOS}")
+        if select not in ("static", "retrieve"):
+            raise ValueError(f"select {select!r}; expected static or retrieve")
+        if not 1 <= pool_size <= POOL_MAX:
+            raise ValueError(f"pool_size must be within 1..{POOL_MAX}")
         self.k, self.keep, self.min_reward = k, keep, min_reward
         self.max_chars, self.name = max_chars, name
+        self.select, self.pool_size = select, pool_size
 
     def propose(self, ctx: ProposalContext) -> list[Candidate]:
+        if self.select == "retrieve":
+            return self.propose_pool(ctx)
         harness = ctx.incumbent.harness
         picked = select(self._eligible(ctx.trajectories), self.k)
         demos = [d for d in (to_demo(t, ctx.harnesses.get(t.harness or ""), self.max_chars)
@@ -55,6 +70,29 @@ class DemosProposer:
                       f"of round {ctx.round} (tasks: {tasks}), keeping {self.keep} existing",
             predicted_effect="better format adherence and task success from worked examples "
                              "the policy itself produced")]
+
+    def propose_pool(self, ctx: ProposalContext) -> list[Candidate]:
+        """A harness child retrieving `k` demos per task from a pool of this round's
+        successful train trajectories (merged with the incumbent's pool)."""
+        harness = ctx.incumbent.harness
+        picked = select(self._eligible(ctx.trajectories), self.pool_size)
+        new = [d for d in (to_demo(t, ctx.harnesses.get(t.harness or ""), self.max_chars)
+                           for t in picked) if d]
+        if not new:
+            return []
+        old = harness.demo_selection.pool if harness.demo_selection.select == "retrieve" else []
+        fresh = {d.source for d in new}
+        pool = (new + [d for d in old if d.source not in fresh])[: self.pool_size]
+        selection = DemoSelection(select="retrieve", k=self.k, pool=pool)
+        if selection == harness.demo_selection:
+            return []
+        return [Candidate(
+            asset=harness.child(demo_selection=selection), proposer=self.name, kind="harness",
+            rationale=f"retrieve {self.k} demo(s) per task (BM25) from a pool of {len(pool)}: "
+                      f"{len(new)} from successful train trajectories of round {ctx.round}"
+                      + (f", {len(pool) - len(new)} kept from the incumbent's pool" if old else ""),
+            predicted_effect="worked examples close to each task (same functions, same kind of "
+                             "question) teach the format and the content better than fixed ones")]
 
     def _eligible(self, trajs: list[Trajectory]) -> list[Trajectory]:
         out = []

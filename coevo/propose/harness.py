@@ -314,7 +314,7 @@ class HarnessProposer:
         """The program's inputs for this round (None: no scored episode to learn from)."""
         d = digest(ctx.trajectories, ctx.harnesses, n_fail=self.n_fail, n_success=self.n_success,
                    max_chars=self.transcript_chars, seed=ctx.seed,
-                   imported=ctx.imported)
+                   imported=ctx.imported, feedback=ctx.feedback)
         if d.n == 0:
             return None
         h = ctx.incumbent.harness

@@ -232,7 +232,7 @@ class RubricsProposer:
             return None
         d = digest(ctx.trajectories, ctx.harnesses, n_fail=self.n_fail, n_success=self.n_success,
                    max_chars=self.transcript_chars, seed=ctx.seed,
-                   imported=ctx.imported)
+                   imported=ctx.imported, feedback=ctx.feedback)
         if d.n == 0:
             return None
         rates = "\n".join(f"{k}: {100 * v:.0f}%" for k, v in sorted(d.criterion_pass_rates.items()))

@@ -387,3 +387,22 @@ def evidence_episodes(store: Store, proposal: str) -> dict[tuple[str, int], tupl
                 sides[side].setdefault((r.task_id, r.sample), e)  # the first, if run twice
     keys = sides["inc"].keys() | sides["cand"].keys()
     return {k: (sides["inc"].get(k), sides["cand"].get(k)) for k in sorted(keys)}
+
+
+# --- outcomes for the gate's power (coevo/gateplan.py) -------------------------------------------
+
+
+def task_outcomes(store: Store, env: str, harness: str, split: str = "val") -> dict[str, list[float]]:
+    """Task id -> the verified outcomes of every stored episode of `env` under `harness` on
+    `split` (infrastructure failures and unscored episodes left out), over all runs: how much
+    one task's outcome varies from draw to draw, which sets the gate's power."""
+    tt = T.Trajectory.__table__
+    q = (sa.select(tt.c.task_id, tt.c.outcome)
+         .where(tt.c.env == env, tt.c.harness_hash == harness, tt.c.split == split,
+                tt.c.status == "ok", tt.c.outcome.is_not(None))
+         .order_by(tt.c.seq))
+    out: dict[str, list[float]] = defaultdict(list)
+    with store.transaction() as s:
+        for task_id, outcome in s.execute(q):
+            out[task_id].append(float(outcome))
+    return dict(out)
