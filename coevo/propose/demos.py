@@ -15,6 +15,7 @@ ones; ties are broken by trajectory id so the choice is reproducible (resume re-
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 
 from coevo.assets.harness import Demo, DemoMessage, Harness
 from coevo.propose.base import PROPOSERS, Candidate, ProposalContext
@@ -39,7 +40,7 @@ class DemosProposer:
 
     def propose(self, ctx: ProposalContext) -> list[Candidate]:
         harness = ctx.incumbent.harness
-        picked = select(self._eligible(ctx.trajectories), self.k)
+        picked = select(eligible(ctx.trajectories, self.min_reward), self.k)
         demos = [d for d in (to_demo(t, ctx.harnesses.get(t.harness or ""), self.max_chars)
                                 for t in picked) if d]
         if not demos:
@@ -56,15 +57,17 @@ class DemosProposer:
             predicted_effect="better format adherence and task success from worked examples "
                              "the policy itself produced")]
 
-    def _eligible(self, trajs: list[Trajectory]) -> list[Trajectory]:
-        out = []
-        for t in trajs:
-            if t.split != "train" or t.infra_failed or not t.success:
-                continue
-            if self.min_reward is not None and (t.reward is None or t.reward < self.min_reward):
-                continue
-            out.append(t)
-        return out
+
+def eligible(trajs: Sequence[Trajectory], min_reward: float | None = None) -> list[Trajectory]:
+    """The successful train trajectories a demo may come from (reward >= min_reward if set)."""
+    out = []
+    for t in trajs:
+        if t.split != "train" or t.infra_failed or not t.success:
+            continue
+        if min_reward is not None and (t.reward is None or t.reward < min_reward):
+            continue
+        out.append(t)
+    return out
 
 
 def select(trajs: list[Trajectory], k: int) -> list[Trajectory]:
