@@ -292,9 +292,17 @@ def test_replayed_edits_are_gated_stored_and_shown(tmp_path):
     assert res.final is not None and res.final.mean == 1.0
     assert escaped.edits[1] == {"kind": "set_knob", "name": "temperature", "value": 0.5}
 
-    shown = render_text(proposal_view(store, hint.id), width=200)
-    assert f'1. add_rule(error_kind="wrong_answer", text="{HINT}")' in shown
-    assert "edits (1)" in shown
+    from typer.testing import CliRunner
+
+    from coevo.cli import app
+
+    shown = CliRunner().invoke(app, ["proposals", "show", hint.id[:12], "--db",
+                                     f"sqlite:///{tmp_path / 'loop.db'}"], env={"COLUMNS": "200"})
+    assert shown.exit_code == 0, shown.output
+    assert f'1. add_rule(error_kind="wrong_answer", text="{HINT}")' in shown.output
+    assert "edits (1)" in shown.output
+    two = render_text(proposal_view(store, escaped.id), width=200)
+    assert '2. set_knob(name="temperature", value=0.5)' in two
 
     page = page_client(tmp_path / "loop.db").get(f"/proposals/{escaped.id}").text
     assert "<script>alert(1)</script>" not in page and "<b>bold</b>" not in page
