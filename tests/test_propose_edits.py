@@ -230,7 +230,8 @@ def test_the_rounds_schema_admits_only_what_the_round_offers():
         "no such demo": [{"kind": "drop_demo", "index": 2}],
         "unseen error kind": [{"kind": "add_rule", "error_kind": "timeout", "text": "Be fast."}],
         "two lines": [{"kind": "add_rule", "error_kind": "no_answer", "text": "a\nb c d"}],
-        "too long": [{"kind": "tighten_answer_format", "text": "x" * 97}],
+        "not words": [{"kind": "add_rule", "error_kind": "no_answer", "text": "1.00"}],
+        "too long": [{"kind": "tighten_answer_format", "text": "Say " + "x" * 93}],
         "unknown kind": [{"kind": "run_python", "code": "print(1)"}],
         "extra slot": [{"kind": "drop_demo", "index": 1, "path": "/etc"}],
         "too many": good + good[:1],
@@ -260,7 +261,7 @@ def test_the_rounds_schema_admits_only_what_the_round_offers():
 
     assert violation(c, answer(good)) == ""
     for why in ("unknown knob", "out of range", "no such ref", "no such rule", "unseen error kind",
-                "two lines", "too long", "unknown kind", "extra slot", "too many"):
+                "two lines", "not words", "too long", "unknown kind", "extra slot", "too many"):
         assert violation(c, answer(bad[why])), why
 
 
@@ -269,7 +270,7 @@ def test_the_rounds_schema_admits_only_what_the_round_offers():
 HINT_ANSWER = {"edits": [{"kind": "add_rule", "error_kind": "wrong_answer", "text": HINT}],
                "rationale": "every reply starts with z; the verifier wants a-m"}
 ESCAPE_ANSWER = {"edits": [{"kind": "add_rule", "error_kind": "wrong_answer",
-                            "text": "<script>alert(1)</script> & say hi"},
+                            "text": "Say <script>alert(1)</script> & hi"},
                            {"kind": "set_knob", "name": "temperature", "value": 0.5}],
                  "rationale": "<b>bold</b>"}
 
@@ -306,7 +307,7 @@ def test_replayed_edits_are_gated_stored_and_shown(tmp_path):
 
     page = page_client(tmp_path / "loop.db").get(f"/proposals/{escaped.id}").text
     assert "<script>alert(1)</script>" not in page and "<b>bold</b>" not in page
-    assert "&lt;script&gt;alert(1)&lt;/script&gt; &amp; say hi" in page
+    assert "Say &lt;script&gt;alert(1)&lt;/script&gt; &amp; hi" in page
     assert page.count('class="edit-row"') == 2 and "set_knob" in page
 
 

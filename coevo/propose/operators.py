@@ -53,9 +53,14 @@ RULES_OPEN, RULES_CLOSE = "<rules>", "</rules>"
 MAX_RULES = 8
 SLOT_CHARS = 160  # the longest text slot (a rule, an answer format, a preamble)
 MAX_DEMOS = 16  # Harness.demos max_length
-# One line starting with a visible character: a rule is one line of its block, and a pattern
-# keeps the grammar from loosening the cap (bound_strings caps only pattern-free strings).
+# One line starting with a visible character: a rule is one line of its block. (A pattern also
+# keeps bound_strings from re-capping a slot: the caps here are sized to max_tokens already,
+# coevo.propose.edits.slot_caps.)
 ONE_LINE = r"^\S[^\n\r]*$"
+# An instruction slot: one line of at least two words, the first starting with a letter. The
+# embedded 135M model, held to ONE_LINE only, filled 5 of 6 rules with digits copied from the
+# digest ("1.00", "215002"; bench/README.md, "Proposer validity").
+WORDS = r"^[A-Za-z][^\n\r]* [^\n\r]*$"
 # Knobs that only matter when the harness shows tools; toggle_constrain owns `constrain`.
 TOOL_KNOBS = frozenset({"tool_doc_format", "reflect_on_tool_error", "reflection_prompt",
                         "max_calls", "allow_text"})
@@ -178,7 +183,7 @@ def _branch(kind: str, **slots: Any) -> dict[str, Any]:
 
 
 def text_slot(cap: int) -> dict[str, Any]:
-    return {"type": "string", "minLength": 4, "maxLength": cap, "pattern": ONE_LINE}
+    return {"type": "string", "minLength": 4, "maxLength": cap, "pattern": WORDS}
 
 
 def _indices(n: int) -> dict[str, Any]:
@@ -189,7 +194,7 @@ def _list(values: Sequence[str]) -> str:
     return ", ".join(values)
 
 
-Line = Field(min_length=4, max_length=SLOT_CHARS, pattern=ONE_LINE)
+Line = Field(min_length=4, max_length=SLOT_CHARS, pattern=WORDS)
 
 
 @register
