@@ -8,15 +8,19 @@ sampling settings, scored by the environment and the seed rubric, as an RL stage
 trajectories (token ids dropped: proposers read messages) are saved to
 bench/data/proposer_contexts.json, so every later measurement reads the same digests.
 
-Step 2 (default): every LLM proposer (`harness`, `skills`, `rubrics`) proposes on every
-context twice, with `json_schema: false` and `true` (the only difference), on the embedded
-model with the co-evolution bench's settings (320 new tokens). A candidate is invalid when the
-proposer could not build a revision: output that does not parse or fit the signature, or a
-revision its own checks refuse (whitelist, bounds, schema). Printed: invalid / all with a 95%
-Wilson interval per proposer and mode, and the errors; saved to bench/data/proposer_validity.json.
+Step 2 (default): every LLM proposer (`harness`, `skills`, `rubrics`; `edits` on request)
+proposes on every context twice, with `json_schema: false` and `true` (the only difference),
+on the embedded model with the co-evolution bench's settings (320 new tokens). A candidate is
+invalid when the proposer could not build a revision: output that does not parse or fit the
+signature, or a revision its own checks refuse (whitelist, bounds, schema); rows measured
+since `edits` was added also count what the loop's `check_candidate` would refuse
+(`refused`). Printed: invalid / all with a 95% Wilson interval per proposer and mode, and the
+errors; saved to bench/data/proposer_validity.json, where a run adds its rows to the ones
+already there (a proposer and mode already measured on a context is not measured again).
 
     python bench/proposer_validity.py --collect [--contexts 3]
     python bench/proposer_validity.py [--proposers harness,skills,rubrics] [--max-tokens 320]
+    python bench/proposer_validity.py --proposers edits --modes constrained
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ ENVS = {
     "bfcl": ("bfcl:simple_python", "function_calling", "function_calling"),
 }
 DATA = ROOT / "bench" / "data"
+OUT = DATA / "proposer_validity.json"
 PARTIAL = DATA / "proposer_validity.partial.jsonl"  # rows so far (removed once the run ends)
 
 
@@ -94,13 +99,15 @@ def measure(proposers: list[str], max_tokens: int,
             modes: tuple[bool, ...] = (False, True)) -> dict:
     from coevo.models.registry import load_backend
     from coevo.propose import make_proposer
-    from coevo.propose.base import ProposalContext
+    from coevo.propose.base import ProposalContext, check_candidate
     from coevo.trajectory import Trajectory
 
     contexts = json.loads((DATA / "proposer_contexts.json").read_text())
     backend = load_backend("embedded")
-    # Rows are appended as they are measured, so a stopped run resumes where it stopped.
-    rows = [json.loads(x) for x in PARTIAL.read_text().splitlines()] if PARTIAL.exists() else []
+    # Rows are appended as they are measured, so a stopped run resumes where it stopped; the
+    # saved rows of earlier runs are kept.
+    rows = json.loads(OUT.read_text())["rows"] if OUT.exists() else []
+    rows += [json.loads(x) for x in PARTIAL.read_text().splitlines()] if PARTIAL.exists() else []
     done = {(r["env"], r["context"], r["proposer"], r["constrained"]) for r in rows}
     for ctx_data in contexts:
         inc = incumbent(ctx_data["env"])
@@ -120,7 +127,9 @@ def measure(proposers: list[str], max_tokens: int,
                 new = [{"env": ctx_data["env"], "context": ctx_data["seed"],
                         "proposer": name, "constrained": constrained,
                         "invalid": c.asset is None, "error": c.error,
-                        "raw": c.raw_output[:400], "seconds": secs / max(len(cands), 1)}
+                        "refused": check_candidate(c, inc) if c.asset is not None else None,
+                        "raw": c.raw_output[:400], "seconds": secs / max(len(cands), 1),
+                        "kind": c.kind, "edits": c.edits}
                        for c in cands]
                 rows += new
                 with PARTIAL.open("a") as f:
@@ -139,13 +148,26 @@ def report(data: dict) -> str:
     for r in data["rows"]:
         groups[(r["proposer"], r["constrained"])].append(r)
     for (name, constrained), rs in sorted(groups.items()):
-        k, n = sum(r["invalid"] for r in rs), len(rs)
+        k, n = sum(bool(r["invalid"] or r.get("refused")) for r in rs), len(rs)
         lo, hi = wilson(k, n)
-        errs = collections.Counter((r["error"] or "")[:70] for r in rs if r["invalid"])
+        errs = collections.Counter((r["error"] or r.get("refused") or "")[:70] for r in rs
+                                   if r["invalid"] or r.get("refused"))
         top = "; ".join(f"{e} ({c})" for e, c in errs.most_common(2)) or "-"
         lines.append(f"| {name} | {'constrained' if constrained else 'free'} | {n} | "
                      f"{k}/{n} = {k / n:.2f} [{lo:.2f}, {hi:.2f}] | {top} |")
     return "\n".join(lines)
+
+
+def edits_report(data: dict) -> str:
+    """What the `edits` proposer's valid candidates did: operations chosen, skipped, per env."""
+    rows = [r for r in data["rows"] if r["proposer"] == "edits" and not r["invalid"]]
+    if not rows:
+        return ""
+    ops = collections.Counter((r["env"], e["kind"]) for r in rows for e in r.get("edits") or [])
+    skipped = sum(bool(e.get("skipped")) for r in rows for e in r.get("edits") or [])
+    return ("edits chosen by valid candidates (env, operation: count): " + "; ".join(
+        f"{env} {kind}: {c}" for (env, kind), c in sorted(ops.items()))
+        + f"; skipped within a valid candidate: {skipped}")
 
 
 def main() -> None:
@@ -158,7 +180,7 @@ def main() -> None:
     ap.add_argument("--modes", default="free,constrained",
                     help="decoding modes to measure, in this order (free, constrained)")
     args = ap.parse_args()
-    out = DATA / "proposer_validity.json"
+    out = OUT
     if args.collect:
         collect(args.contexts)
         return
@@ -173,6 +195,7 @@ def main() -> None:
         print(report({"rows": rows}))
         return
     print(report(json.loads(out.read_text())))
+    print(edits_report(json.loads(out.read_text())))
 
 
 if __name__ == "__main__":

@@ -54,7 +54,8 @@ from rich.tree import Tree
 
 from coevo.assets.base import format_diff
 from coevo.errors import Ambiguous, NotFound
-from coevo.store.records import REVIEW_POLICY, DecisionRecord, ProposalRecord, RunRecord
+from coevo.store.records import (REVIEW_POLICY, DecisionRecord, ProposalRecord, RunRecord,
+                                  edit_text)
 from coevo.store.store import Store
 from coevo.terminal import plain, safe
 
@@ -411,7 +412,11 @@ def proposal_view(store: Store, id: str, show_prompt: bool = False) -> Group:
                  ("created", f"{p.created_at:%Y-%m-%d %H:%M:%S}"),
                  ("rationale", p.rationale or "-"), ("predicted effect", p.predicted_effect or "-")):
         meta.add_row(k, v if isinstance(v, Text) else plain(v))
-    parts: list[RenderableType] = [meta, Panel(_diff_text(proposal_diff(store, p)), title="diff")]
+    parts: list[RenderableType] = [meta]
+    if p.edits:  # what the model chose, as it chose it (the `edits` proposer)
+        parts.append(Panel(plain("\n".join(f"{i}. {edit_text(e)}" for i, e in enumerate(p.edits, 1))),
+                           title=f"edits ({len(p.edits)})"))
+    parts.append(Panel(_diff_text(proposal_diff(store, p)), title="diff"))
     if p.status == "invalid" or p.error:
         parts.append(Panel(plain(p.error or "-", style="magenta"), title="error"))
         parts.append(Panel(plain(p.raw_output or "(empty)"), title="raw output"))

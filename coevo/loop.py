@@ -531,7 +531,7 @@ def _record_proposal(run: _Run, r: int, incumbent: Incumbent,
         candidate=cand.asset if reason is None else None, run=run.id, round=r,
         status="invalid" if reason else "pending", rationale=cand.rationale,
         predicted_effect=cand.predicted_effect, prompt=cand.prompt, raw_output=raw,
-        error=reason, diff=changes, model=cand.model)
+        error=reason, diff=changes, model=cand.model, edits=cand.edits)
     return pid, cand, "invalid" if reason else "pending"
 
 

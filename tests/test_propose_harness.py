@@ -20,11 +20,8 @@ import pytest
 from coevo.assets.base import changed_fields, forbidden_changes
 from coevo.assets.harness import Harness
 from coevo.assets.rubric import Rubric
-from coevo.config import RunConfig
 from coevo.errors import CoevoError
-from coevo.loop import Parts, run_coevolution
 from coevo.models.base import Completion
-from coevo.models.scripted import ScriptedBackend
 from coevo.propose import make_proposer
 from coevo.propose.base import Incumbent, ProposalContext, check_candidate
 from coevo.propose.digest import PREAMBLE
@@ -36,14 +33,12 @@ from coevo.propose.harness import (
     harness_text,
     knobs_text,
 )
-from coevo.store import Store
 from coevo.trajectory import Trajectory
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tiny_glue import FirstCharEnv, tiny_harness, tiny_tokenizer  # noqa: E402
+from tiny_glue import HINT, hint_loop_run, tiny_harness  # noqa: E402
 
 CASSETTES = Path(__file__).resolve().parent / "cassettes"
-HINT = "Begin with the letter a."
 CALCULATOR = {"type": "function", "function": {
     "name": "calculator", "description": "Evaluates an expression.",
     "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
@@ -88,29 +83,8 @@ class HandWritten:
 # --------------------------------------------------------------------------- the loop end to end
 
 
-def hint_policy():
-    """Replies "a fine" (FirstCharEnv scores 1) iff the system prompt carries HINT, else "zz"."""
-    tok = tiny_tokenizer()
-
-    def reply(req, i):
-        seen = tok.decode(req.prompt_ids) if req.prompt_ids else str(req.messages)
-        return "a fine" if HINT in seen else "zz"
-
-    return ScriptedBackend(reply, tokenizer=tok, name="scripted-policy")
-
-
 def loop_run(tmp: Path, proposers: list):
-    """A 1-round harness-only gated loop on FirstCharEnv with the given proposers."""
-    cfg = RunConfig.from_mapping({
-        "name": "harness-run", "env": "test:first-char", "mode": "harness-only", "rounds": 1,
-        "assets": {"harness": "tiny"}, "proposers": [],
-        "gate": {"screen_size": 12, "n_boot": 200},
-        "splits": {"val_n": 12, "test_n": 6, "train_n": 4}})
-    store = Store.open(f"sqlite:///{tmp / 'loop.db'}")
-    store.put_asset(tiny_harness(decoding={"temperature": 1.0, "max_new_tokens": 8}))
-    env = FirstCharEnv(target="abcdefghijklm", size=12)
-    res = run_coevolution(cfg, store, Parts(env=env, backend=hint_policy(), proposers=proposers))
-    return store, res
+    return hint_loop_run(tmp, proposers)
 
 
 def replay(tape: str, **kw) -> HarnessProposer:

@@ -28,7 +28,7 @@ from coevo.propose.skills import (
     LifecyclePolicy,
     SkillsProposer,
     SkillUsage,
-    _child_library,
+    child_library,
     criterion_rates,
     lifecycle_changes,
     member_violations,
@@ -362,7 +362,7 @@ def test_all_operations_give_one_candidate_each():
 def _license_candidate() -> tuple[Candidate, Incumbent]:
     inc = incumbent("function-call-format", "argument-extraction")
     bad = SKILLS["argument-extraction"].child(license="MIT", body="1. Anything.")
-    return Candidate(asset=_child_library(inc.library, [bad]), proposer="skills",
+    return Candidate(asset=child_library(inc.library, [bad]), proposer="skills",
                      kind="skill_library", skills=[bad]), inc
 
 
@@ -371,7 +371,7 @@ def test_member_violations_rejects_a_non_whitelisted_skill_field():
     assert member_violations(cand, inc) == (
         "skill 'argument-extraction' changes fields outside the skill whitelist: license")
     orphan = SKILLS["argument-extraction"].child(body="1. New.")
-    lib = _child_library(inc.library, [orphan])
+    lib = child_library(inc.library, [orphan])
     assert "does not carry: argument-extraction" in member_violations(
         Candidate(asset=lib, proposer="x", kind="skill_library"), inc)
 

@@ -162,3 +162,38 @@ class NumberFormatEnv(SingleTurnEnv):
     def score(self, task: Task, state, response: Response) -> Score:
         ok = response.text.strip().isdigit()
         return Score(outcome=float(ok), success=ok)
+
+
+HINT = "Begin with the letter a."
+
+
+def hint_policy():
+    """Replies "a fine" (FirstCharEnv scores 1) iff the system prompt carries HINT, else "zz"."""
+    from coevo.models.scripted import ScriptedBackend
+
+    tok = tiny_tokenizer()
+
+    def reply(req, i):
+        seen = tok.decode(req.prompt_ids) if req.prompt_ids else str(req.messages)
+        return "a fine" if HINT in seen else "zz"
+
+    return ScriptedBackend(reply, tokenizer=tok, name="scripted-policy")
+
+
+def hint_loop_run(tmp: Path, proposers: list, name: str = "harness-run"):
+    """A 1-round harness-only gated loop on FirstCharEnv (target a-m) under `hint_policy`
+    with the given proposers, from the `tiny` harness; returns (store, result)."""
+    from coevo.config import RunConfig
+    from coevo.loop import Parts, run_coevolution
+    from coevo.store import Store
+
+    cfg = RunConfig.from_mapping({
+        "name": name, "env": "test:first-char", "mode": "harness-only", "rounds": 1,
+        "assets": {"harness": "tiny"}, "proposers": [],
+        "gate": {"screen_size": 12, "n_boot": 200},
+        "splits": {"val_n": 12, "test_n": 6, "train_n": 4}})
+    store = Store.open(f"sqlite:///{tmp / 'loop.db'}")
+    store.put_asset(tiny_harness(decoding={"temperature": 1.0, "max_new_tokens": 8}))
+    env = FirstCharEnv(target="abcdefghijklm", size=12)
+    res = run_coevolution(cfg, store, Parts(env=env, backend=hint_policy(), proposers=proposers))
+    return store, res

@@ -3,8 +3,8 @@
 Importing the package registers the built-in proposers: `demos` (bootstrapped few-shot, no
 LLM), `scripted` (replays hand-written candidates) and the LLM proposers `harness` (VACE
 harness revision), `skills` (ARISE skill distillation, refinement and lifecycle), `rubrics`
-(ARISE rubric evolution, gated on predictive validity) and `gepa` (the gepa package's
-reflective search). The LLM proposers are registered as factories that import their module
+(ARISE rubric evolution, gated on predictive validity), `gepa` (the gepa package's
+reflective search) and `edits` (typed edit operations chosen under a per-round grammar). The LLM proposers are registered as factories that import their module
 on first use: they pull in DSPy (and litellm), a few seconds that commands which never
 propose (`coevo harness list`, `coevo eval`) should not pay.
 """
@@ -36,7 +36,8 @@ def _lazy(module: str, cls: str):
 for _name, _module, _cls in (("harness", "harness", "HarnessProposer"),
                              ("skills", "skills", "SkillsProposer"),
                              ("rubrics", "rubrics", "RubricsProposer"),
-                             ("gepa", "gepa", "GepaProposer")):
+                             ("gepa", "gepa", "GepaProposer"),
+                             ("edits", "edits", "EditsProposer")):
     PROPOSERS.add(_name, _lazy(_module, _cls))
 
 __all__ = ["PROPOSERS", "Candidate", "Incumbent", "ProposalContext", "Proposer",

@@ -92,6 +92,9 @@ class Candidate(BaseModel):
     error: str | None = None
     skills: list[Skill] = Field(default_factory=list)
     model: str = ""  # the proposer's model, for LLM proposers
+    # The typed edit operations that built the asset (the `edits` proposer: kind + slots, and
+    # what a skipped one would have done), stored with the proposal for audit.
+    edits: list[dict[str, Any]] = Field(default_factory=list)
 
     @property
     def hash(self) -> str | None:
@@ -285,8 +288,9 @@ def stored_candidate(store: Any, p: Any) -> Candidate:
     """The Candidate of a stored proposal record `p` (its asset, or a skill library with its
     member skills, read back from `store`; an invalid one has none)."""
     if p.candidate is None:
-        return Candidate(asset=None, proposer=p.proposer, kind=p.kind, error=p.error)
+        return Candidate(asset=None, proposer=p.proposer, kind=p.kind, error=p.error,
+                         edits=p.edits)
     asset, skills = (store.get_library(p.candidate) if p.kind == "skill_library"
                      else (store.get_asset(p.kind, p.candidate), []))
     return Candidate(asset=asset, proposer=p.proposer, kind=p.kind, rationale=p.rationale,
-                     predicted_effect=p.predicted_effect, skills=skills)
+                     predicted_effect=p.predicted_effect, skills=skills, edits=p.edits)

@@ -22,6 +22,7 @@ kept: they stay retrieval candidates.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 
 from coevo.assets.harness import POOL_MAX, Demo, DemoMessage, DemoSelection, Harness
 from coevo.propose.base import PROPOSERS, Candidate, ProposalContext
@@ -54,7 +55,7 @@ class DemosProposer:
         if self.select == "retrieve":
             return self.propose_pool(ctx)
         harness = ctx.incumbent.harness
-        picked = select(self._eligible(ctx.trajectories), self.k)
+        picked = select(eligible(ctx.trajectories, self.min_reward), self.k)
         demos = [d for d in (to_demo(t, ctx.harnesses.get(t.harness or ""), self.max_chars)
                                 for t in picked) if d]
         if not demos:
@@ -75,7 +76,7 @@ class DemosProposer:
         """A harness child retrieving `k` demos per task from a pool of this round's
         successful train trajectories (merged with the incumbent's pool)."""
         harness = ctx.incumbent.harness
-        picked = select(self._eligible(ctx.trajectories), self.pool_size)
+        picked = select(eligible(ctx.trajectories, self.min_reward), self.pool_size)
         new = [d for d in (to_demo(t, ctx.harnesses.get(t.harness or ""), self.max_chars)
                            for t in picked) if d]
         if not new:
@@ -94,15 +95,16 @@ class DemosProposer:
             predicted_effect="worked examples close to each task (same functions, same kind of "
                              "question) teach the format and the content better than fixed ones")]
 
-    def _eligible(self, trajs: list[Trajectory]) -> list[Trajectory]:
-        out = []
-        for t in trajs:
-            if t.split != "train" or t.infra_failed or not t.success:
-                continue
-            if self.min_reward is not None and (t.reward is None or t.reward < self.min_reward):
-                continue
-            out.append(t)
-        return out
+def eligible(trajs: Sequence[Trajectory], min_reward: float | None = None) -> list[Trajectory]:
+    """The successful train trajectories a demo may come from (reward >= min_reward if set)."""
+    out = []
+    for t in trajs:
+        if t.split != "train" or t.infra_failed or not t.success:
+            continue
+        if min_reward is not None and (t.reward is None or t.reward < min_reward):
+            continue
+        out.append(t)
+    return out
 
 
 def select(trajs: list[Trajectory], k: int) -> list[Trajectory]:

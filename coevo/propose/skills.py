@@ -231,7 +231,7 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", str(text).lower()).strip("-")[:64].strip("-")
 
 
-def _child_library(lib: SkillLibrary, skills: Sequence[Skill]) -> SkillLibrary:
+def child_library(lib: SkillLibrary, skills: Sequence[Skill]) -> SkillLibrary:
     """One child of `lib` with each of `skills` added or replacing its namesake (a single
     version step: chaining with_skill would make intermediate libraries the parents)."""
     refs = {r.name: r for r in lib.skills}
@@ -368,7 +368,7 @@ class SkillsProposer:
         by_name = {s.name: s for s in members}
         new = [by_name[c.name].child(state=c.new) for c in changes]
         return Candidate(
-            asset=_child_library(lib, new), proposer=self.name, kind="skill_library",
+            asset=child_library(lib, new), proposer=self.name, kind="skill_library",
             skills=new,  # type: ignore[arg-type]
             rationale="lifecycle from usage evidence: " + "; ".join(
                 f"{c.name} {c.old} -> {c.new} ({c.reason})" for c in changes),
@@ -444,7 +444,7 @@ class SkillsProposer:
             return self._invalid(_first_error(e, "skill"), **audit)
         if not skill.body:
             return self._invalid("skill.body: empty (a skill needs concrete steps)", **audit)
-        return Candidate(asset=_child_library(lib, [skill]), proposer=self.name,
+        return Candidate(asset=child_library(lib, [skill]), proposer=self.name,
                          kind="skill_library", skills=[skill], **audit,
                          predicted_effect=f"higher pass rate than now for {behaviour}, "
                                           f"in episodes where {name} activates")
@@ -502,7 +502,7 @@ class SkillsProposer:
                                  **audit)
         if new.hash == skill.hash:
             return self._invalid(f"skill {skill.name}: the revision changes nothing", **audit)
-        return Candidate(asset=_child_library(lib, [new]), proposer=self.name,  # type: ignore[list-item]
+        return Candidate(asset=child_library(lib, [new]), proposer=self.name,  # type: ignore[list-item]
                          kind="skill_library", skills=[new], **audit,  # type: ignore[list-item]
                          predicted_effect=f"episodes that activate {skill.name} succeed more "
                                           f"than {100 * (u.success_with or 0):.0f}%")

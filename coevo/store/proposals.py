@@ -18,6 +18,7 @@ from coevo.store.records import (
     EvidenceRow,
     ProposalRecord,
     proposal_record,
+    with_edits,
 )
 
 
@@ -29,9 +30,11 @@ class ProposalStore(StoreBase):
                      round: int | None = None, status: str = "pending", rationale: str = "",
                      predicted_effect: str = "", prompt: str = "", raw_output: str = "",
                      error: str | None = None, diff: dict[str, Any] | None = None,
-                     model: str = "") -> str:
+                     model: str = "", edits: Sequence[dict[str, Any]] = ()) -> str:
         """Record a proposal; a candidate Asset is stored first (same transaction). An invalid
-        proposal (status "invalid", `error` set) may have no candidate. Returns its id."""
+        proposal (status "invalid", `error` set) may have no candidate. `edits`: the typed
+        edit operations that built it (kept in the diff column, see `records.EDITS_KEY`).
+        Returns its id."""
         _check_status(status)
         with self.transaction() as s:
             run_id, round = self._run_round(s, run, round)
@@ -40,8 +43,8 @@ class ProposalStore(StoreBase):
             row = T.Proposal(id=new_id(), run_id=run_id, round=round, proposer=proposer,
                              kind=kind, parent_hash=parent, candidate_hash=cand, status=status,
                              rationale=rationale, predicted_effect=predicted_effect,
-                             prompt=prompt, raw_output=raw_output, error=error, diff=diff or {},
-                             model=model)
+                             prompt=prompt, raw_output=raw_output, error=error,
+                             diff=with_edits(diff or {}, edits), model=model)
             s.add(row)
             s.flush()
             return row.id

@@ -8,6 +8,7 @@ as `coevo.trajectory.Trajectory` with their packed arrays decoded.
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Any, Literal
 
@@ -120,6 +121,7 @@ class ProposalRecord(_Record):
     error: str | None
     diff: dict[str, Any]
     created_at: datetime
+    edits: list[dict[str, Any]] = Field(default_factory=list)  # typed edit operations, in order
 
 
 class EvidenceRow(_Record):
@@ -196,13 +198,39 @@ def checkpoint_record(r: T.Checkpoint) -> CheckpointRecord:
                             created_at=r.created_at)
 
 
+# A proposal's edit operations live in its `diff` JSON under this key (no migration: the
+# column already holds what changed); field paths never start with "@", so nothing clashes,
+# and records split it out again (`ProposalRecord.diff` holds field paths only).
+EDITS_KEY = "@edits"
+
+
+def with_edits(diff: dict[str, Any], edits: Any) -> dict[str, Any]:
+    return {**diff, EDITS_KEY: [dict(e) for e in edits]} if edits else dict(diff)
+
+
+def edit_text(edit: dict[str, Any]) -> str:
+    """One stored edit operation as a call (coevo/propose/operators.py).
+
+    >>> edit_text({"kind": "add_rule", "error_kind": "no_answer", "text": "End with Answer: N."})
+    'add_rule(error_kind="no_answer", text="End with Answer: N.")'
+    >>> edit_text({"kind": "drop_demo", "index": 2, "skipped": "gone"})
+    'drop_demo(index=2) [skipped: gone]'
+    """
+    slots = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in edit.items()
+                      if k not in ("kind", "skipped"))
+    out = f"{edit.get('kind', '?')}({slots})"
+    return out + (f" [skipped: {edit['skipped']}]" if edit.get("skipped") else "")
+
+
 def proposal_record(r: T.Proposal) -> ProposalRecord:
+    diff = dict(r.diff or {})
+    edits = diff.pop(EDITS_KEY, None) or []
     return ProposalRecord(id=r.id, run=r.run_id, round=r.round, proposer=r.proposer,
                           kind=r.kind, parent=r.parent_hash, candidate=r.candidate_hash,
                           status=r.status, rationale=r.rationale,
                           predicted_effect=r.predicted_effect, prompt=r.prompt,
-                          raw_output=r.raw_output, error=r.error, diff=r.diff,
-                          created_at=r.created_at, model=r.model or "")
+                          raw_output=r.raw_output, error=r.error, diff=diff,
+                          created_at=r.created_at, model=r.model or "", edits=edits)
 
 
 def trajectory_row(t: Trajectory, run_id: str | None, round: int | None,

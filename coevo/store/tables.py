@@ -271,6 +271,7 @@ class Proposal(Base):
     prompt: Mapped[str] = mapped_column(sa.Text, default="")
     raw_output: Mapped[str] = mapped_column(sa.Text, default="")
     error: Mapped[str | None] = mapped_column(sa.Text)
+    # field path -> unified diff; "@edits": the typed edit operations (records.EDITS_KEY)
     diff: Mapped[dict] = mapped_column(JSONType, default=dict)
     created_at: Mapped[datetime] = _created()
 
