@@ -20,8 +20,10 @@ import pytest
 import torch
 
 from coevo.assets.base import changed_fields
+from coevo.assets.harness import demo_messages
 from coevo.assets.io import load_seed_dir
 from coevo.audit import proposal_view, render_text
+from coevo.envs.base import Feedback
 from coevo.models.constrain import Constraint
 from coevo.models.dialects import violation
 from coevo.models.grammars import bound_strings, clean_schema
@@ -53,10 +55,12 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "description"
 
 
 def episode(h, i: int, ok: bool, reply: str, criteria: dict, tools=(), parse_error=None):
+    task_id = f"rg:x@0:{i}"  # as the runtime does: a task is never shown its own demo
     msgs = [{"role": "system", "content": h.render_system(task_tools=tools)},
-            *h.demo_messages(), {"role": "user", "content": f"What is {i} + {i}?"},
+            *demo_messages([d for d in h.demos if d.source != task_id]),
+            {"role": "user", "content": f"What is {i} + {i}?"},
             {"role": "assistant", "content": reply}]
-    return Trajectory(id=f"traj-{i}-{int(ok)}", env="rg:x", task_id=f"rg:x@0:{i}",
+    return Trajectory(id=f"traj-{i}-{int(ok)}", env="rg:x", task_id=task_id,
                       messages=msgs, outcome=float(ok), success=ok, reward=float(ok),
                       answer=None if "Answer" not in reply else reply.split()[-1],
                       criteria=criteria, harness=h.hash, split="train",
@@ -153,6 +157,43 @@ def test_demo_operations_use_the_rounds_successful_train_trajectories():
     assert d2.edits[1]["skipped"] == "demo 1 was already removed"
     assert [x.task for x in demo_refs(ctx2, 4).values()] == ["rg:x@0:1"]  # not its demos again
 
+
+
+def test_retrieve_demos_switches_to_per_task_retrieval_over_the_offered_episodes():
+    ctx = reasoning_ctx()
+    refs = demo_refs(ctx, 4)
+    assert "retrieve_demos" in json.dumps(edits_schema(view_of(ctx), 2))
+    [c] = edit(ctx, {"kind": "retrieve_demos", "k": 3})
+    assert changed_fields(REASONING, c.asset) == ["demo_selection.k", "demo_selection.pool",
+                                                  "demo_selection.select"]
+    sel = c.asset.demo_selection
+    assert sel.select == "retrieve" and sel.k == 3
+    assert sel.pool == [refs["t1"].demo, refs["t2"].demo]  # the successful train episodes
+    assert c.asset.demos == REASONING.demos and c.asset.hash != REASONING.hash
+    assert c.edits == [{"kind": "retrieve_demos", "k": 3, "pool": ["traj-1-1", "traj-2-1"]}]
+    # once retrieving, the switch is not offered again; k outside 1..4 never is
+    assert "retrieve_demos" not in json.dumps(edits_schema(view_of(reasoning_ctx(harness=c.asset)), 2))
+    ops, error = parse_edits([{"kind": "retrieve_demos", "k": 5}], edits_schema(view_of(ctx), 2))
+    assert not ops and "retrieve_demos" in error
+
+
+def test_error_kinds_follow_the_verifiers_diagnosis_of_failed_train_episodes():
+    ctx = calling_ctx()
+    assert error_kinds(ctx.trajectories, ctx.incumbent.rubric) == {
+        "criterion:decodes": 2, "no_answer": 1, "parse_error": 1}
+    fb = {"traj-1-0": Feedback(kind="wrong_type", text="wrong type for parameter 'city'"),
+          "traj-2-0": Feedback(kind="wrong_type", text="wrong type for parameter 'city'")}
+    ctx = ctx.model_copy(update={"feedback": fb})
+    assert error_kinds(ctx.trajectories, ctx.incumbent.rubric, fb) == {
+        "criterion:decodes": 2, "wrong_type": 2}
+    schema = edits_schema(view_of(ctx), 2)
+    add_rule = [b for b in schema["items"]["anyOf"]
+                if b["properties"]["kind"]["const"] == "add_rule"]
+    assert add_rule[0]["properties"]["error_kind"]["enum"] == ["criterion:decodes", "wrong_type"]
+    # the digest the model reads carries the diagnosis
+    p = EditsProposer(model={"max_tokens": 768}, backend=ScriptedBackend([]))
+    inputs = p.inputs(ctx, p.view(ctx))
+    assert "wrong_type" in inputs["round_digest"] and "parameter 'city'" in inputs["round_digest"]
 
 def test_text_knob_and_constrain_operations_change_exactly_their_field():
     ctx = calling_ctx()

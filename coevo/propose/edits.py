@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import dspy
@@ -38,6 +38,7 @@ import jsonschema
 from pydantic import ValidationError
 
 from coevo.assets.harness import Harness
+from coevo.envs.base import Feedback
 from coevo.propose.base import Candidate, ProposalContext, candidate_from_changes
 from coevo.propose.demos import eligible, select, to_demo
 from coevo.propose.digest import digest, shorten, transcript
@@ -81,17 +82,23 @@ class EditAssets(dspy.Signature):
 # --- the round's evidence -----------------------------------------------------------------------
 
 
-def error_kinds(trajectories: Sequence[Trajectory], rubric: Any = None) -> dict[str, int]:
-    """Error kind -> scored episodes showing it, most frequent first: `parse_error` (the final
-    turn's tool calls did not parse), `no_answer`, `wrong_answer` (answered, not successful)
-    for failed episodes, and `criterion:<id>` for every episode a rubric criterion scored
-    below 0.5 (the outcome criterion itself left out: it is `wrong_answer`)."""
+def error_kinds(trajectories: Sequence[Trajectory], rubric: Any = None,
+                feedback: Mapping[str, Feedback] | None = None) -> dict[str, int]:
+    """Error kind -> scored episodes showing it, most frequent first. A failed episode counts
+    under the verifier's own diagnosis when there is one (`feedback`, trajectory id ->
+    Feedback of a train episode: `wrong_type`, `missing_parameter`, `wrong_answer`, ...),
+    else `parse_error` (the final turn's tool calls did not parse), `no_answer` or
+    `wrong_answer` (answered, not successful); and `criterion:<id>` for every episode a rubric
+    criterion scored below 0.5 (the outcome criterion itself left out: it is the failure)."""
+    feedback = feedback or {}
     leaks = {c.id for c in rubric.criteria if label_leaks(c)} if rubric is not None else set()
     counts: Counter[str] = Counter()
     for t in trajectories:
         if t.infra_failed or t.outcome is None:
             continue
-        if not t.success:
+        if not t.success and t.id in feedback:
+            counts[feedback[t.id].kind] += 1
+        elif not t.success:
             last = t.turns[-1] if t.turns else None
             counts["parse_error" if last is not None and last.parse_error else
                    "no_answer" if not (t.answer or "").strip() else "wrong_answer"] += 1
@@ -320,7 +327,7 @@ class EditsProposer:
         inc = ctx.incumbent
         return EditView(harness=inc.harness, library=inc.library,
                         skills={s.name: s for s in inc.skills},
-                        error_kinds=error_kinds(ctx.trajectories, inc.rubric),
+                        error_kinds=error_kinds(ctx.trajectories, inc.rubric, ctx.feedback),
                         refs=demo_refs(ctx, self.n_refs, ref_chars=self.ref_chars),
                         knobs=self.knobs, offers_tools=shows_tools(inc.harness, ctx.trajectories),
                         text_cap=self.text_cap)
@@ -328,7 +335,8 @@ class EditsProposer:
     def inputs(self, ctx: ProposalContext, view: EditView) -> dict[str, Any] | None:
         """The program's inputs (None: no scored episode, or no edit offered)."""
         d = digest(ctx.trajectories, ctx.harnesses, n_fail=self.n_fail, n_success=self.n_success,
-                   max_chars=self.transcript_chars, seed=ctx.seed, imported=ctx.imported)
+                   max_chars=self.transcript_chars, seed=ctx.seed, imported=ctx.imported,
+                   feedback=ctx.feedback)
         ops = offered(view, self.ops)
         if d.n == 0 or not ops:
             return None

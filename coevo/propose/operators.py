@@ -21,6 +21,8 @@ Operators (target asset in brackets):
 - `add_demo(trajectory_ref)` / `replace_demo(index, trajectory_ref)` / `drop_demo(index)`:
   demos built from the round's successful train trajectories the way the `demos` proposer
   builds them (`coevo.propose.demos.select` + `to_demo`), listed to the model as t1, t2, ...;
+- `retrieve_demos(k)` [harness]: `demo_selection` from static to retrieve (the k demos closest to
+  each task, from the harness's demos and a pool of the offered episodes);
 - `tighten_answer_format(text)`, `set_tool_doc(preamble)` (offered when the harness shows tool
   docs), `toggle_constrain(value)` (decoding.constrain among `KNOB_CHOICES`; tool_calls only
   when tools are shown), `set_knob(name, value)` (a knob of `coevo.propose.harness.KNOBS`
@@ -30,9 +32,9 @@ Operators (target asset in brackets):
 
 Indices are 1-based and refer to the incumbent as the model saw it; several edits of one answer
 apply in order, and one whose target an earlier edit already removed is skipped (recorded with
-why, not an error). Extension point: an operator for a new harness field (e.g. a demo-selection
-switch) is one more `Operator` subclass passed to `register`; its `branches` returns [] while a
-harness has nothing for it to do.
+why, not an error). Extension point: an operator for a new harness field is one more
+`Operator` subclass passed to `register` (as `retrieve_demos` is); its `branches` returns []
+while a harness has nothing for it to do.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from coevo.assets.harness import Demo, Harness
+from coevo.assets.harness import POOL_MAX, Demo, Harness
 from coevo.assets.skill import Skill, SkillLibrary
 from coevo.propose.harness import KNOB_CHOICES, KNOBS, _bounds, knob_field, knob_schema, knob_value
 from coevo.registry import Registry
@@ -346,6 +348,36 @@ class DropDemo(_DemoOp):
     def apply(self, work: dict[str, Any], view: EditView) -> None:
         del work["demos"][self._at(work, view)]
 
+
+
+@register
+class RetrieveDemos(_DemoOp):
+    """Switch the harness from static demos to per-task retrieval (`demo_selection`), with a
+    pool of the round's successful train episodes offered as refs."""
+
+    kind: Literal["retrieve_demos"] = "retrieve_demos"
+    k: int = Field(ge=1, le=4)
+
+    @classmethod
+    def branches(cls, view: EditView) -> list[dict[str, Any]]:
+        if view.harness.demo_selection.select != "static" or not view.refs:
+            return []
+        return [_branch(cls.op(), k={"enum": [1, 2, 3, 4]})]
+
+    @classmethod
+    def menu(cls, view: EditView) -> str:
+        return (f"retrieve_demos(k): show each task the k worked examples closest to it, from "
+                f"the current demos and the {len(view.refs)} offered episodes")
+
+    def apply(self, work: dict[str, Any], view: EditView) -> None:
+        if (work.get("demo_selection") or {}).get("select", "static") != "static":
+            raise Skip("demos are already retrieved")
+        pool = [d for d in (_demo(r.demo) for r in view.refs.values()) if d not in work["demos"]]
+        work["demo_selection"] = {"select": "retrieve", "k": self.k, "pool": pool[:POOL_MAX]}
+
+    def record(self, view: EditView) -> dict[str, Any]:
+        return {**Operator.record(self, view),
+                "pool": [r.trajectory for r in view.refs.values()]}
 
 class _TextOp(Operator):
     field: ClassVar[str]
