@@ -20,6 +20,7 @@ list of known kinds (`coevo.registry.Registry`).
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from typing import Any
