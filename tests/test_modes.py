@@ -172,3 +172,31 @@ def test_skillopt_accepts_only_strictly_better_edits_within_the_budget(tmp_path)
     assert {s.name for s in skills} == {"unrelated", f"say-{len(HINT)}-0"} and res.final.mean == 1.0
     assert [r.summary["val_score"] for r in store.rounds(res.run)] == [1.0, 1.0]
     _charged_equals_episodes(store, res.run)
+
+
+# --- the bench's budget planning (bench/coevolution_budget.py) -------------------------------
+
+
+def test_bench_plans_peer_rounds_at_their_worst_case():
+    import sys
+
+    from conftest import REPO
+
+    sys.path.insert(0, str(REPO / "bench"))
+    import coevolution as bench
+    import coevolution_budget as budget
+    import coevolution_report as report
+
+    assert report.MODE_ORDER == ("weight-only", "harness-only", "ungated", "gated")  # defaults
+    b = bench.base_config("arithmetic", False, REPO / "unused", None, ["demos"], "embedded")
+    r = budget.Rates(eval=500, rl=1000, call=2500)  # RL 32 rollouts; val 20; train rollouts 16
+    # fst: the RL steps + seed and candidate on val (round 0), then the candidate alone.
+    assert budget.plan_round(b, "fst", r, 52_000, 0) == budget.Plan(False, None, 52_000)
+    assert budget.plan_round(b, "fst", r, 51_999, 0) is None
+    assert budget.plan_round(b, "fst", r, 42_000, 1) == budget.Plan(False, None, 42_000)
+    # bettertogether "p -> w -> p": train rollouts + incumbent and candidate on val; then RL.
+    assert budget.plan_round(b, "bettertogether", r, 1e9, 0).estimate == 16 * 500 + 2 * 20 * 500
+    assert budget.plan_round(b, "bettertogether", r, 1e9, 1).estimate == 32 * 1000
+    assert (budget.trains(b, "bettertogether", 0), budget.trains(b, "bettertogether", 1)) == (False, True)
+    assert budget.plan_round(b, "skillopt", r, 1e9, 0).estimate == 16 * 500 + 2 * 20 * 500
+    assert budget.trains(b, "skillopt", 0) is False and budget.trains(b, "fst", 0) is True
