@@ -54,9 +54,9 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from coevolution_budget import Rates, calibrate, cost, measured, plan_round  # noqa: E402
+from coevolution_budget import Rates, calibrate, cost, measured, plan_round, trains  # noqa: E402
 from coevolution_null import collect, null_candidate, simulate  # noqa: E402,F401 (null_candidate: tests)
-from coevolution_report import MODE_ORDER, _f, _slug, load_data, write_data, write_results  # noqa: E402,F401
+from coevolution_report import MODE_ORDER, PEER_MODES, _f, _slug, load_data, write_data, write_results  # noqa: E402,F401
 
 from coevo.config import RunConfig  # noqa: E402
 from coevo.errors import CoevoError  # noqa: E402
@@ -145,7 +145,7 @@ def calibration(base: RunConfig, store: Any) -> tuple[float | None, Rates]:
 def run_mode(base: RunConfig, mode: str, seed: int, budget: float, store: Any, *,
              rates: Rates, base_val: float | None) -> dict[str, Any]:
     """Rounds of `mode` while the next one fits in `budget` tokens; then the test split."""
-    from coevo.loop import MODES, build_parts, run_coevolution
+    from coevo.loop import build_parts, run_coevolution
 
     name = f"{base.name}-{mode}-s{seed}"
     # A bench stopped mid-run leaves that run in the store, unfinished and out of the ledger:
@@ -165,7 +165,7 @@ def run_mode(base: RunConfig, mode: str, seed: int, budget: float, store: Any, *
                          f"(costs per unit: {rates})")
     spent, rounds, tail, curve = 0.0, 0, 0, [(0.0, base_val)]
     run_id = None
-    while (plan := plan_round(base, mode, rates, budget - spent)) is not None:
+    while (plan := plan_round(base, mode, rates, budget - spent, rounds)) is not None:
         if tail and not plan.tail:  # once RL-only, the rest of the run stays RL-only
             plan = replace(plan, tail=True, rollouts=None)
         tail += plan.tail
@@ -179,7 +179,7 @@ def run_mode(base: RunConfig, mode: str, seed: int, budget: float, store: Any, *
         if rounds == 0 and isinstance(summary.get("val_start_score"), (int, float)):
             curve[0] = (0.0, float(summary["val_start_score"]))  # the loop's own round-0 score
         spent += cost(store.budget_totals(run_id, round=rounds))
-        rates = rates.update(measured(store, run_id, rounds, MODES[mode].train))
+        rates = rates.update(measured(store, run_id, rounds, trains(base, mode, rounds)))
         curve.append((spent, summary.get("val_score")))
         rounds += 1
         _say(f"  {name}: round {rounds - 1}{' (RL-only tail)' if plan.tail else ''} done, "
@@ -285,7 +285,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--data", type=Path, default=None,
                     help=f"the page's data JSON (default {DATA.relative_to(REPO)}; --small: in --out)")
     ap.add_argument("--modes", default=",".join(MODE_ORDER),
-                    help="modes to run, in this order (the table always lists all four)")
+                    help="modes to run, in this order (the table always lists the four "
+                         f"co-evolution modes); opt-in peer methods: {', '.join(PEER_MODES)}")
     ap.add_argument("--report-only", action="store_true",
                     help="rebuild RESULTS.md from --data; run nothing")
     a = ap.parse_args(argv)
@@ -314,9 +315,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
          f" per mode; proposers {', '.join(proposers)}; out {out}; estimate ~{est / 60:.0f} min")
     t0 = time.perf_counter()
     order = a.modes.split(",")
-    unknown = sorted(set(order) - set(MODE_ORDER))
+    unknown = sorted(set(order) - set(MODE_ORDER) - set(PEER_MODES))
     if unknown:
-        raise CoevoError(f"--modes: unknown {', '.join(unknown)}; known: {', '.join(MODE_ORDER)}")
+        raise CoevoError(f"--modes: unknown {', '.join(unknown)}; known: "
+                         f"{', '.join(MODE_ORDER + PEER_MODES)}")
     order += [m for m in MODE_ORDER if m not in order]  # the rest still count as not run
     # Finished (env, seed, mode) runs are appended to runs.jsonl as they end, so a bench that
     # was stopped (or is re-run with more seeds into the same --out) redoes none of them.

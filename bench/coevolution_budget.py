@@ -69,11 +69,14 @@ def proposer_calls(cfg: Any) -> int:
     return n
 
 
-def plan_round(cfg: Any, mode: str, rates: Rates, left: float) -> Plan | None:
-    """The next round `mode` can afford with `left` tokens, or None (module docstring)."""
+def plan_round(cfg: Any, mode: str, rates: Rates, left: float, round: int = 0) -> Plan | None:
+    """The next round (index `round`) `mode` can afford with `left` tokens, or None (module
+    docstring; the peer modes: `plan_peer`)."""
     from coevo.loop import MODES
 
     m, st, sp, gate = MODES[mode], cfg.rl.stage, cfg.splits, cfg.gate
+    if m.peer is not None:
+        return plan_peer(cfg, mode, rates, left, round)
     rl = st.steps * st.tasks_per_step * st.samples if m.train else 0
     train = (sp.train_n or 16) * sp.train_samples if m.propose and not m.train else 0
     fixed = rl * rates.rl + train * rates.eval
@@ -88,6 +91,38 @@ def plan_round(cfg: Any, mode: str, rates: Rates, left: float) -> Plan | None:
     if m.train and m.propose and rl * rates.rl <= left:
         return Plan(tail=True, rollouts=None, estimate=rl * rates.rl)
     return None
+
+
+def trains(cfg: Any, mode: str, r: int) -> bool:
+    """Round r's train-split episodes are RL rollouts (else train rollouts for proposers)."""
+    from coevo.loop import MODES
+
+    if mode == "bettertogether":
+        st = cfg.bettertogether.stages
+        return st[r % len(st)] == "w"
+    return MODES[mode].train
+
+
+def plan_peer(cfg: Any, mode: str, rates: Rates, left: float, r: int) -> Plan | None:
+    """A peer mode's round (coevo/modes/), worst case: its RL steps (fst: fst.every), its
+    train rollouts (bettertogether's p stages, skillopt), its proposer calls and a whole-val
+    evaluation of the incumbent and of every candidate (fst: the seed too in round 0;
+    skillopt: at most max_edits candidates). No RL-only tail: these methods have none, and a
+    round is never cut short by a rollout budget (they have no gate to plan down)."""
+    st, sp = cfg.rl.stage, cfg.splits
+    val = (sp.val_n or 40) * sp.val_samples
+    train = (sp.train_n or 16) * sp.train_samples
+    calls = proposer_calls(cfg)
+    cands = max(calls, len(cfg.proposers))
+    if mode == "fst":
+        rl = (cfg.fst.every or st.steps) * st.tasks_per_step * st.samples
+        est = rl * rates.rl + calls * rates.call + (cands + (r == 0)) * val * rates.eval
+    elif mode == "bettertogether" and trains(cfg, mode, r):
+        est = st.steps * st.tasks_per_step * st.samples * rates.rl
+    else:  # a prompt step / a SkillOpt step
+        n = min(cands, cfg.skillopt.max_edits) if mode == "skillopt" else cands
+        est = train * rates.eval + calls * rates.call + (1 + n) * val * rates.eval
+    return Plan(tail=False, rollouts=None, estimate=est) if est <= left else None
 
 
 def measured(store: Any, run: str, r: int, trains: bool) -> Rates:

@@ -22,6 +22,9 @@ from typing import Any, Sequence
 import numpy as np
 
 MODE_ORDER = ("weight-only", "harness-only", "ungated", "gated")
+# The peer methods (coevo/modes/): run only when `--modes` names them; rows after the four.
+PEER_MODES = ("fst", "bettertogether", "skillopt")
+ALL_MODES = MODE_ORDER + PEER_MODES
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -80,7 +83,8 @@ def plot_curves(env: str, runs: list[dict[str, Any]], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    colors = dict(zip(MODE_ORDER, ("#1f77b4", "#ff7f0e", "#9467bd", "#2ca02c")))
+    colors = dict(zip(ALL_MODES, ("#1f77b4", "#ff7f0e", "#9467bd", "#2ca02c", "#d62728",
+                                  "#8c564b", "#e377c2")))
     for r in runs:
         pts = [(x, y) for x, y in r["curve"] if y is not None]
         if pts:
@@ -136,7 +140,7 @@ def _mode_row(env: str, mode: str, mr: list[dict], specs: list[str], detail_keys
 def _spend_rows(runs: list[dict]) -> list[str]:
     lines = ["| mode | seed | tokens | train tokens | rollouts | proposer calls | seconds | val-curve rollouts (uncharged) |",
              "|---|---|---|---|---|---|---|---|"]
-    for mode in MODE_ORDER:
+    for mode in ALL_MODES:
         for r in sorted((r for r in runs if r["mode"] == mode), key=lambda r: r["seed"]):
             s = r["spent"]
             lines.append(f"| {mode} | {r['seed']} | {s.get('tokens', 0):.0f} | {s.get('train_tokens', 0):.0f} | "
@@ -187,7 +191,7 @@ def write_results(rep: dict[str, Any], path: Path) -> Path:
         head = ["mode", *(f"test {s.split('?')[0]} mean [95% CI]" for s in specs), "per seed",
                 *detail_keys, "spent per seed (tokens)", "rounds", "accepted / rejected (budget) / invalid"]
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        for mode in MODE_ORDER:
+        for mode in ALL_MODES:
             mr = sorted((r for r in runs if r["mode"] == mode), key=lambda r: r["seed"])
             if mr:
                 lines.append(_mode_row(env, mode, mr, specs, detail_keys))

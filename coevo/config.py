@@ -16,13 +16,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from coevo.errors import AssetError
 from coevo.gate import GatePolicy
+from coevo.modes.settings import BetterTogetherSettings, FstSettings, SkillOptSettings
 from coevo.validity import ValidityPolicy
 from coevo.rl.config import TrainConfig
 from coevo.rl.stage import StageConfig
 from coevo.store.runs import run_name_problem
 from coevo.tracking.base import TrackingSpec
 
-Mode = Literal["gated", "ungated", "weight-only", "harness-only"]
+Mode = Literal["gated", "ungated", "weight-only", "harness-only", "fst", "bettertogether", "skillopt"]
 
 
 class _Block(BaseModel):
@@ -108,6 +109,10 @@ class RunConfig(_Block):
     validity: ValidityPolicy = Field(default_factory=ValidityPolicy)  # how rubric candidates are gated
     splits: Splits = Field(default_factory=Splits)
     budgets: Budgets = Field(default_factory=Budgets)
+    # The peer-method modes' settings (coevo/modes/settings.py); other modes ignore them.
+    fst: FstSettings = Field(default_factory=FstSettings)
+    bettertogether: BetterTogetherSettings = Field(default_factory=BetterTogetherSettings)
+    skillopt: SkillOptSettings = Field(default_factory=SkillOptSettings)
     final_test: bool = True  # evaluate the final incumbent on the test split once
     # Log the run to an experiment tracker (coevo/tracking): {backend: trackio, project: P,
     # dir: FOLDER} or {backend: mlflow, project: EXPERIMENT, uri: URI}; `--track` overrides.

@@ -56,6 +56,7 @@ from coevo.gateplan import size_val_split
 from coevo.gatestep import gate_step
 from coevo.killpoints import KILL_ENV, kill_point  # noqa: F401  (KILL_ENV: for the tests)
 from coevo.ledger import eval_charge, over_budget
+from coevo.modes import peer_round
 from coevo.observer import NoObserver, RunObserver, observing
 from coevo.propose.base import (
     Candidate,
@@ -82,10 +83,15 @@ class Mode:
     train: bool
     propose: bool
     gated: bool
+    peer: str | None = None  # a peer method's own round (coevo/modes/), in place of the gate's
 
 
 MODES = {"gated": Mode(True, True, True), "ungated": Mode(True, True, False),
-         "weight-only": Mode(True, False, True), "harness-only": Mode(False, True, True)}
+         "weight-only": Mode(True, False, True), "harness-only": Mode(False, True, True),
+         # the peer methods as baselines: their own selection rules, the same budget charges
+         "fst": Mode(True, True, False, "fst"),
+         "bettertogether": Mode(True, True, False, "bettertogether"),
+         "skillopt": Mode(False, True, False, "skillopt")}
 
 
 @dataclass
@@ -228,15 +234,10 @@ def run_coevolution(cfg: RunConfig, store: Any, parts: Parts | None = None, *,
                 track_val(run, r, incumbent, "val_start")          # the seed, before any change
             incumbent, approved = review_step(run, r, incumbent)  # gate.human_review only
             kill_point(f"after_reviews:{r}")
-            incumbent = rl_step(run, r, incumbent)                 # C, held fixed from here on
-            kill_point(f"after_rl:{r}")
-            trajs = run.store.trajectories(run.id, round=r, split="train")
-            cands = propose_step(run, r, incumbent, trajs)          # [(proposal id, Candidate)]
-            kill_point(f"after_proposals:{r}")
-            accepted = gate_step(run, r, incumbent, cands)          # decisions stored
-            kill_point(f"after_decisions:{r}")
-            for cand in accepted:
-                incumbent = incumbent.with_candidate(cand)
+            if run.mode.peer is None:
+                incumbent, accepted = gated_round(run, r, incumbent)
+            else:                                                   # fst, bettertogether, skillopt
+                incumbent, accepted = peer_round(run, r, incumbent)  # coevo/modes/
             stop = end_round(run, r, incumbent, approved + accepted)
             kill_point(f"after_round:{r}")
             if stop:
@@ -246,6 +247,21 @@ def run_coevolution(cfg: RunConfig, store: Any, parts: Parts | None = None, *,
         watch.finished(final)
     return RunResult(run=run.id, name=cfg.name, rounds=[x.summary for x in store.rounds(run.id)],
                      incumbent=incumbent.hashes(), final=final)
+
+
+def gated_round(run: _Run, r: int, incumbent: Incumbent) -> tuple[Incumbent, list[Candidate]]:
+    """RL, proposals, the gate (the four co-evolution modes): the incumbent with the accepted
+    candidates and checkpoint C, and the accepted candidates."""
+    incumbent = rl_step(run, r, incumbent)                  # C, held fixed from here on
+    kill_point(f"after_rl:{r}")
+    trajs = run.store.trajectories(run.id, round=r, split="train")
+    cands = propose_step(run, r, incumbent, trajs)           # [(proposal id, Candidate)]
+    kill_point(f"after_proposals:{r}")
+    accepted = gate_step(run, r, incumbent, cands)           # decisions stored
+    kill_point(f"after_decisions:{r}")
+    for cand in accepted:
+        incumbent = incumbent.with_candidate(cand)
+    return incumbent, accepted
 
 
 # --- run and round bookkeeping -------------------------------------------------------------------
@@ -258,7 +274,7 @@ def check_runnable(cfg: RunConfig, parts: Parts, store: Any) -> None:
     these would be left half-written under a name only a resume could reuse.)"""
     mode, env = MODES[cfg.mode], parts.env
     needs = {"train": mode.train or mode.propose, "val": mode.gated and mode.propose
-             or cfg.splits.track_val, "test": cfg.final_test}
+             or mode.peer is not None or cfg.splits.track_val, "test": cfg.final_test}
     for split, needed in needs.items():
         if needed and next(iter(env.tasks(split, 1)), None) is None:
             raise CoevoError(f"env {cfg.env}: the {split} split has no tasks "
@@ -426,18 +442,23 @@ def track_val(run: _Run, r: int, incumbent: Incumbent, key: str) -> dict[str, An
 # --- the stages ----------------------------------------------------------------------------------
 
 
-def rl_step(run: _Run, r: int, incumbent: Incumbent) -> Incumbent:
-    """The round's RL stage (harness-only: none); returns the incumbent with checkpoint C."""
+def rl_step(run: _Run, r: int, incumbent: Incumbent, *, stage: Any = None,
+            harness_for: Callable[[int, Any], Any] | None = None) -> Incumbent:
+    """The round's RL stage (harness-only: none); returns the incumbent with checkpoint C.
+    `stage`: another StageConfig than rl.stage; `harness_for(step, task)`: each group's
+    harness (fst: drawn from its Pareto front; default: the incumbent's)."""
     if not run.mode.train:
         collect_train_rollouts(run, r, incumbent)  # the proposers still need trajectories
         return incumbent
     from coevo.rl.stage import rl_stage
 
-    p, steps = run.parts, run.cfg.rl.stage.steps
+    p, stage = run.parts, stage or run.cfg.rl.stage
+    steps = stage.steps
     run.count(f"round {r}: RL steps", 0, steps)  # log_rl_step counts each step
     res = rl_stage(run.store, run.id, r, p.env, incumbent.agent_assets(), p.trainer,
-                   run.cfg.rl.stage, tokenizer=p.tokenizer, resume=True, backend=p.rl_backend,
-                   on_step=lambda e: log_rl_step(run, r, e), judge=run.judge)
+                   stage, tokenizer=p.tokenizer, resume=True, backend=p.rl_backend,
+                   on_step=lambda e: log_rl_step(run, r, e), judge=run.judge,
+                   harness_for=harness_for)
     run.count(f"round {r}: RL steps", steps, steps)  # also when a resumed stage had none left
     if p.live_eval and res.checkpoint is not None:
         p.backend.adapter = run.store.get_checkpoint(res.checkpoint).path  # already in memory

@@ -190,6 +190,24 @@ def _stage_start(store: Any, latest: Any, round: int) -> int:
     return 0
 
 
+def _per_harness(store: Any, assets: AgentAssets, tasks: list[Any],
+                 harness_for: Callable[[int, Any], Any] | None,
+                 step: int) -> list[tuple[AgentAssets, list[Any]]]:
+    """The step's tasks grouped by the harness each rolls out under, in first-seen order:
+    one group with `assets` when no `harness_for` is given."""
+    if harness_for is None:
+        return [(assets, tasks)]
+    groups: dict[str, tuple[AgentAssets, list[Any]]] = {}
+    for t in tasks:
+        h = harness_for(step, t)
+        if h.hash not in groups:
+            a = assets.model_copy(update={"harness": h})
+            a.put(store)
+            groups[h.hash] = (a, [])
+        groups[h.hash][1].append(t)
+    return list(groups.values())
+
+
 def _store_new(store: Any, trajs: list[Trajectory], run: str, round: int) -> int:
     """Store the trajectories not stored yet (a redone step); returns how many were new."""
     have = {t.id: t for t in store.trajectories(ids=[t.id for t in trajs])}
@@ -233,7 +251,8 @@ def rl_stage(store: Any, run: str, round: int, env: str | Environment, assets: A
              trainer: Any, cfg: StageConfig, *, tokenizer: Any = None, resume: bool = False,
              sampler: TaskSampler | None = None, backend: Any = None,
              on_step: Callable[[StepLog], None] | None = None,
-             parent: str | None = None, executor: Any = None, judge: Any = None) -> StageResult:
+             parent: str | None = None, executor: Any = None, judge: Any = None,
+             harness_for: Callable[[int, Any], Any] | None = None) -> StageResult:
     """Run `cfg.steps` RL steps of `round` (see the module docstring); returns what it did.
 
     backend: the rollout backend (default: `live_policy(trainer, tokenizer)`; a stand-in in
@@ -243,6 +262,8 @@ def rl_stage(store: Any, run: str, round: int, env: str | Environment, assets: A
     every step the current adapter is written to `<checkpoints>/rollout/step-N` and each
     worker loads it (a new folder per step, so a worker can never sample with a stale one;
     on several machines the checkpoint folder must be on a shared file system).
+    harness_for(step, task): the harness a task's group rolls out under at that step, in
+    place of `assets.harness` (the fst mode draws it from a population; None: assets').
     """
     from coevo.rl.lora import CheckpointError, load_checkpoint, save_checkpoint
 
@@ -302,10 +323,11 @@ def rl_stage(store: Any, run: str, round: int, env: str | Environment, assets: A
             policy.name = f"{base_name}@step-{s}"
         t0 = time.perf_counter()
         adapter = _publish_adapter(trainer, ckpt_root, s) if remote else None
-        trajs = executor.run(EpisodeJob(env=env, tasks=tasks, assets=assets,
-                                        samples=cfg.samples, seed=step_seed(cfg.seed, s),
-                                        split="train", checkpoint=parent_id, adapter=adapter,
-                                        temperatures=temps))
+        trajs = [t for a, part in _per_harness(store, assets, tasks, harness_for, s)
+                 for t in executor.run(EpisodeJob(
+                     env=env, tasks=part, assets=a, samples=cfg.samples,
+                     seed=step_seed(cfg.seed, s), split="train", checkpoint=parent_id,
+                     adapter=adapter, temperatures=temps))]
         t_roll = time.perf_counter() - t0
         _refuse_untrainable(trajs, policy)
         trajs = [t.model_copy(update={"id": trajectory_id(run_rec.id, round, s, t.task_id,
