@@ -5,9 +5,9 @@ untrainable rollouts are refused and infrastructure failures are excluded and co
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-import os
 import pytest
 import torch
 
