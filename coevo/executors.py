@@ -362,7 +362,6 @@ def _one_line(exc: BaseException) -> str:
 
 LOOPBACK = "127.0.0.1"
 _RAY_CLUSTERS_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
-GCS_PORT_WAIT_ENV, GCS_PORT_WAIT_S = "RAY_gcs_server_port_wait_time_s", 120
 
 
 def local_ray_kwargs(num_cpus: int, object_store_memory: int | None = None,
@@ -387,15 +386,9 @@ def start_local_ray(num_cpus: int, object_store_memory: int | None = None,
     disabled, as Ray does itself on macOS and Windows. So they are disabled while the instance
     starts: in this process (the constant Ray read at import) and in the processes it spawns
     (the environment variable, inherited by the raylet and so by every worker). A node IP
-    other than the loopback afterwards is refused rather than left listening.
-
-    Ray waits 30 s by default for its GCS server to publish its port; on a loaded 2-core
-    machine the GCS can take longer and the start fails. Unless the user set it, that wait is
-    GCS_PORT_WAIT_S (`RAY_gcs_server_port_wait_time_s`, read by ray.init)."""
+    other than the loopback afterwards is refused rather than left listening."""
     import ray
     from ray._private import ray_constants
-
-    os.environ.setdefault(GCS_PORT_WAIT_ENV, str(GCS_PORT_WAIT_S))
 
     before_const = getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
     before_env = os.environ.get(_RAY_CLUSTERS_ENV)

@@ -262,7 +262,7 @@ def test_remote_executor_samples_with_the_latest_adapter_each_step(tiny_dir, tmp
     assert [p.name for p in rollout_dir.iterdir()] == ["step-2"]
 
 
-def test_ray_executor_rolls_out_the_same_trajectories_as_the_live_policy(tiny_dir, tmp_path, monkeypatch):
+def test_ray_executor_rolls_out_the_same_trajectories_as_the_live_policy(tiny_dir, tmp_path):
     """`coevo train --executor ray`: before every step the stage publishes the adapter, two
     actors of a local Ray (2 CPUs) load it and roll out their shards of the step's tasks. Same
     seeds give the same stored trajectories, and so the same trained weights, as rollouts on
@@ -271,7 +271,7 @@ def test_ray_executor_rolls_out_the_same_trajectories_as_the_live_policy(tiny_di
     import ray.cloudpickle
 
     import tiny_glue
-    from coevo.executors import GCS_PORT_WAIT_ENV, BackendSpec, RayExecutor
+    from coevo.executors import BackendSpec, RayExecutor
 
     cfg = StageConfig(steps=2, tasks_per_step=2, samples=3, checkpoint_every=2, seed=5)
     trainer, tok = fresh(tiny_dir)
@@ -282,11 +282,8 @@ def test_ray_executor_rolls_out_the_same_trajectories_as_the_live_policy(tiny_di
     assert res.steps[0].updated
 
     ray.cloudpickle.register_pickle_by_value(tiny_glue)  # the workers cannot import tests/
-    monkeypatch.delenv(GCS_PORT_WAIT_ENV, raising=False)
     ex = RayExecutor(BackendSpec(spec=f"hf:{tiny_dir}", options={"device": "cpu"}),
                      num_actors=2, num_cpus=2, object_store_memory=80 * 1024 * 1024)
-    # Ray's own 30 s wait for the GCS port is too short on a loaded 2-core machine
-    assert os.environ[GCS_PORT_WAIT_ENV] == "120"
     try:
         trainer2, _ = fresh(tiny_dir)
         store2 = open_run(tmp_path / "b.db", "ray")
