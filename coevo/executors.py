@@ -37,6 +37,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -386,7 +387,15 @@ def start_local_ray(num_cpus: int, object_store_memory: int | None = None,
     disabled, as Ray does itself on macOS and Windows. So they are disabled while the instance
     starts: in this process (the constant Ray read at import) and in the processes it spawns
     (the environment variable, inherited by the raylet and so by every worker). A node IP
-    other than the loopback afterwards is refused rather than left listening."""
+    other than the loopback afterwards is refused rather than left listening.
+
+    Token authentication (Ray's default for a new local cluster): Ray sets RAY_AUTH_MODE=token
+    for the whole process, writes a token to ~/.ray/auth_token and caches it in the process;
+    its servers read the token from the file again. So once the first instance is up, the
+    token file is pinned by its absolute path (RAY_AUTH_TOKEN_PATH, unless the user set it or
+    RAY_AUTH_TOKEN): a later instance of the same process, started after HOME changed, would
+    otherwise get servers looking for a token file that is not there while the process
+    presents the cached token (the GCS server aborts at start)."""
     import ray
     from ray._private import ray_constants
 
@@ -402,11 +411,23 @@ def start_local_ray(num_cpus: int, object_store_memory: int | None = None,
             os.environ.pop(_RAY_CLUSTERS_ENV, None)
         else:
             os.environ[_RAY_CLUSTERS_ENV] = before_env
+    _pin_token_file()
     ip = ray.util.get_node_ip_address()
     if ip != LOOPBACK:
         ray.shutdown()
         raise RuntimeError(f"the local Ray node came up on {ip}, not {LOOPBACK}: refusing to "
                            "leave it listening beyond this machine")
+
+
+def _pin_token_file() -> None:
+    """RAY_AUTH_TOKEN_PATH := the token file this process's Ray instance uses (see
+    start_local_ray), when token auth is on and the user named no token."""
+    if os.environ.get("RAY_AUTH_MODE", "").lower() != "token" or \
+            os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH"):
+        return
+    token = Path.home() / ".ray" / "auth_token"
+    if token.is_file():
+        os.environ["RAY_AUTH_TOKEN_PATH"] = str(token.resolve())
 
 
 class RayExecutor(_Closing):

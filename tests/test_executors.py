@@ -24,6 +24,7 @@ from coevo.executors import (
     executor_names,
     failed_trajectories,
     make_executor,
+    start_local_ray,
 )
 from coevo.models.hf import HFBackend
 from coevo.models.scripted import ScriptedBackend
@@ -141,6 +142,26 @@ def _loopback(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
     mapped = getattr(ip, "ipv4_mapped", None)
     return ip.is_loopback or (mapped is not None and mapped.is_loopback)
 
+
+
+def test_a_second_local_ray_of_the_process_starts_after_home_changed(tmp_path, monkeypatch):
+    """Ray's token auth caches the token in the process and its servers re-read ~/.ray: a
+    second instance after HOME changed (every test gets its own HOME) aborted its GCS."""
+    import ray
+
+    for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        monkeypatch.delenv(k, raising=False)
+    for n in (1, 2):
+        home = tmp_path / f"home{n}"
+        home.mkdir()
+        monkeypatch.setenv("HOME", str(home))
+        start_local_ray(1, object_store_memory=80 * 1024 * 1024)
+        try:
+            assert ray.get(ray.remote(lambda x: x * 2).remote(n)) == 2 * n
+        finally:
+            ray.shutdown()
+    if os.environ.get("RAY_AUTH_MODE", "").lower() == "token":  # the first instance's token
+        assert os.environ["RAY_AUTH_TOKEN_PATH"] == str(tmp_path / "home1" / ".ray" / "auth_token")
 
 def test_ray_executor_matches_local_executor(tmp_path):
     import ray
