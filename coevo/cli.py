@@ -509,6 +509,9 @@ def _run_and_summarise(cfg, store, resume: Optional[str]) -> None:
 @app.command()
 def quickstart(
     rounds: int = typer.Option(2, "--rounds", min=1),
+    seed: Optional[int] = typer.Option(
+        None, "--seed", help="Run seed: RL sampling, shuffles and the gate's per-task seeds "
+        "(default: the config's, 0); the val and test tasks stay the frozen split."),
     db: Optional[str] = DbOption,
 ) -> None:
     """Initialise the store and run a small gated co-evolution on the embedded default model."""
@@ -519,7 +522,8 @@ def quickstart(
     init(assets=None, db=db)
     root = seed_root(None)
     name = f"quickstart-{time.strftime('%Y%m%d-%H%M%S')}"
-    cfg = RunConfig.load(root / "training" / "quickstart.yaml", [f"name={name}", f"rounds={rounds}"])
+    over = [f"name={name}", f"rounds={rounds}"] + ([f"seed={seed}"] if seed is not None else [])
+    cfg = RunConfig.load(root / "training" / "quickstart.yaml", over)
     store = _store(db)
     _run_and_summarise(cfg, store, None)
     from coevo.report import write_report

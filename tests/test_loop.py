@@ -235,6 +235,27 @@ def test_quickstart_config_is_valid():
     assert cfg.mode == "gated" and [p.name for p in cfg.proposers] == ["demos"]
 
 
+@pytest.mark.parametrize("args, seed", [([], 0), (["--seed", "7"], 7)])
+def test_quickstart_seed_option_sets_the_run_seed(tmp_path, monkeypatch, args, seed):
+    """`coevo quickstart --seed N` runs the quickstart config with seed N (and only that
+    changed): the three-seed runs of the quickstart's evidence use it."""
+    from typer.testing import CliRunner
+
+    import coevo.cli as cli
+    import coevo.report as report
+
+    seen = []
+    monkeypatch.setattr(cli, "_run_and_summarise", lambda cfg, store, resume: seen.append(cfg))
+    monkeypatch.setattr(report, "write_report", lambda store, name, path: path)
+    monkeypatch.chdir(Path(__file__).resolve().parent.parent)
+    res = CliRunner().invoke(cli.app, ["quickstart", *args, "--db", str(tmp_path / "q.db")])
+    assert res.exit_code == 0, res.output
+    [cfg] = seen
+    base = RunConfig.load(Path("training") / "quickstart.yaml")
+    assert cfg.seed == seed and cfg.rounds == 2 and cfg.name.startswith("quickstart-")
+    assert cfg.model_dump(exclude={"seed", "name"}) == base.model_dump(exclude={"seed", "name"})
+
+
 def test_rounds_record_the_val_curve_and_rl_steps(tmp_path):
     """Seed score before round 0, the incumbent's score after each round, the RL step logs
     (reward, signal fraction) and the test score: what `coevo runs show` and the report read."""
