@@ -391,6 +391,33 @@ def test_a_tiny_random_model_under_the_grammar_always_gives_valid_edits(tmp_path
     assert len(kinds) >= 2  # the seeds explore different operations
 
 
+def test_each_call_lists_the_operations_in_its_own_seeded_order(monkeypatch):
+    """The embedded model takes the first listed operation, so a fixed menu order made one
+    operation the only edit it ever proposed: each call's menu and grammar branches follow a
+    permutation drawn from its seed (the same operations, the same order in both)."""
+    seen = []
+    monkeypatch.setattr(EditsProposer, "_one",
+                        lambda self, view, schema, inputs, seed: seen.append((schema, inputs)) or [])
+    base = reasoning_ctx()
+    kinds = lambda schema: [b["properties"]["kind"]["const"] for b in schema["items"]["anyOf"]]
+    firsts = []
+    for shuffle in (True, False):
+        seen.clear()
+        for seed in range(6):
+            p = EditsProposer(model={"max_tokens": 768}, backend=ScriptedBackend([]),
+                              candidates=2, shuffle=shuffle)
+            p.propose(base.model_copy(update={"seed": seed}))
+        full = kinds(edits_schema(view_of(base), 2))
+        assert len(seen) == 12
+        for schema, inputs in seen:
+            order = list(dict.fromkeys(kinds(schema)))  # a knob operator has several branches
+            assert sorted(kinds(schema)) == sorted(full)  # the same branches, reordered
+            menu = [ln[2:].split("(")[0] for ln in inputs["operations"].splitlines()[1:]]
+            assert menu == order
+        firsts.append({kinds(schema)[0] for schema, _ in seen})
+    assert len(firsts[0]) >= 4 and firsts[1] == {"add_rule"}
+
+
 def test_bad_options_are_clear_errors():
     from coevo.errors import CoevoError
 

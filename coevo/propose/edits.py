@@ -29,6 +29,7 @@ the audit. Anything wrong is `Candidate(asset=None, error=...)` naming the edit,
 from __future__ import annotations
 
 import json
+import random
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -289,13 +290,18 @@ class EditsProposer:
     candidates (calls per round, different seeds), max_ops (edits per answer), ops (offered
     operator kinds, default all registered), knobs (for set_knob, names from KNOBS), n_refs
     (successful episodes offered as demos), digest sizes (n_fail, n_success,
-    transcript_chars, max_digest_chars, ref_chars), backend (an already built Backend), name."""
+    transcript_chars, max_digest_chars, ref_chars), shuffle (each call lists the operations,
+    in the menu and in the grammar's branches, in an order drawn from the call's seed: the
+    embedded 135M model took the first listed operation in 6 of 6 recorded contexts, so a fixed
+    order would make one operation the only edit it ever proposes), backend (an already built
+    Backend), name."""
 
     def __init__(self, model: Any = None, cassette: str | None = None, mode: str = "auto",
                  candidates: int = 1, max_ops: int = 2, ops: Sequence[str] | None = None,
                  knobs: Sequence[str] = DEFAULT_KNOBS, n_refs: int = 4, n_fail: int = 3,
                  n_success: int = 1, transcript_chars: int = 500, max_digest_chars: int = 4000,
-                 ref_chars: int = 300, backend: Any = None, name: str = "edits"):
+                 ref_chars: int = 300, shuffle: bool = True, backend: Any = None,
+                 name: str = "edits"):
         if candidates < 1 or not 1 <= max_ops <= 8:
             raise ValueError("candidates must be >= 1 and max_ops within 1..8")
         unknown = [o for o in ops or () if o not in OPERATORS]
@@ -313,6 +319,7 @@ class EditsProposer:
         self.ops, self.knobs, self.n_refs = tuple(ops or ()), tuple(knobs), n_refs
         self.n_fail, self.n_success, self.ref_chars = n_fail, n_success, ref_chars
         self.transcript_chars, self.max_digest_chars = transcript_chars, max_digest_chars
+        self.shuffle = shuffle
         self.lm = proposer_lm(model, cassette=cassette, mode=mode,  # type: ignore[arg-type]
                               backend=backend)
         self.text_cap, self.rationale_cap = slot_caps(self.lm.coevo_engine.model.max_tokens,
@@ -344,16 +351,29 @@ class EditsProposer:
                 "operations": operations_text(view, ops, self.max_ops),
                 "demo_candidates": refs_text(view), "round_digest": d.text(self.max_digest_chars)}
 
+    def menu_order(self, view: EditView, seed: int) -> list[str]:
+        """The offered operations in the order one call lists them (see `shuffle`)."""
+        names = [cls.op() for cls in offered(view, self.ops)]
+        if self.shuffle:
+            random.Random(seed).shuffle(names)
+        return names
+
     def propose(self, ctx: ProposalContext) -> list[Candidate]:
         view = self.view(ctx)
         inputs = self.inputs(ctx, view)
-        schema = edits_schema(view, self.max_ops, self.ops)
         self.last_cost = {"proposer_calls": 0.0 if inputs is None else float(self.candidates)}
-        if inputs is None or schema is None:
+        if inputs is None:
             return []
         before = tokens_spent(self.lm)
-        out = [c for k in range(self.candidates)
-               for c in self._one(view, schema, inputs, seed=ctx.seed * 1009 + k)]
+        out = []
+        for k in range(self.candidates):
+            seed = ctx.seed * 1009 + k
+            order = self.menu_order(view, seed)
+            schema = edits_schema(view, self.max_ops, order)
+            if schema is None:
+                break
+            menu = operations_text(view, [OPERATORS.get(n) for n in order], self.max_ops)
+            out += self._one(view, schema, {**inputs, "operations": menu}, seed=seed)
         self.last_cost["tokens"] = float(tokens_spent(self.lm) - before)
         return out
 
