@@ -22,6 +22,11 @@ reward gap, the teacher measured every 2 steps.
 
     python bench/methods.py [--config training/bench/arithmetic.yaml] [--seeds 2]
         [--methods default,gigpo,progress,tempered,distill] [--model SPEC] [--small]
+        [--set KEY=VALUE ...]
+
+The step-level `gigpo` estimator needs multi-turn episodes whose turns start from repeated
+observations: its row comes from `--config training/bench/bfcl-multi.yaml --methods gigpo`
+(on single-turn arithmetic its anchor groups are the episode groups).
 
 `--small`: 1 seed, 2 RL steps of 1 task x G 2, 3 val tasks, 16 new tokens, the teacher's
 weight constant: checks the pipeline, not the numbers (with `--model hf:DIR` on a tiny random
@@ -150,6 +155,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--model", default=None, help="policy backend spec (default: the config's)")
     ap.add_argument("--teacher-demos", type=int, default=3)
     ap.add_argument("--small", action="store_true")
+    ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override, as `coevo run` takes them (repeatable)")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args(argv)
 
@@ -162,7 +169,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     if a.small:
         over += ["rl.stage.steps=2", "rl.stage.tasks_per_step=1", "rl.stage.samples=2",
                  "rl.stage.checkpoint_every=2", "splits.val_n=3"]
-    cfg = RunConfig.load(a.config, over)
+    cfg = RunConfig.load(a.config, over + a.sets)
     env = make_env(cfg.env)
     out = a.out or Path(tempfile.mkdtemp(prefix="bench-methods-"))
     out.mkdir(parents=True, exist_ok=True)

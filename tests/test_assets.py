@@ -69,7 +69,8 @@ def test_seed_assets_load(seeds):
     kinds = {}
     for a in seeds:
         kinds.setdefault(a.kind, set()).add(a.name)
-    pairs = {"function_calling", "function_calling_constrained", "reasoning"}
+    pairs = {"function_calling", "function_calling_constrained", "function_calling_multi",
+             "reasoning"}
     assert kinds["harness"] == pairs and kinds["rubric"] == pairs  # rubrics named like harnesses
     assert {"function-call-format", "argument-extraction", "arithmetic-checking"} <= kinds["skill"]
     assert kinds["skill_library"] == {"seed"}

@@ -187,6 +187,31 @@ def test_multi_turn_ground_truth_succeeds_empty_fails(multi):
     assert empty.details["turns_with_calls"] == 0.0
 
 
+def test_multi_turn_seed_rubric_pays_the_verifiers_details(multi):
+    """rubrics/function_calling_multi.yaml: outcome (weight 2) plus the checker's per-episode
+    details; the ground truth gets the full reward, the first turn's calls alone the partial
+    credit the details say (no criterion of its own opinion)."""
+    from coevo.assets.io import load_seed_dir
+    from coevo.rewards import reward, score_rubric
+
+    [rubric] = [a for a in load_seed_dir(Path(__file__).resolve().parent.parent)
+                if a.kind == "rubric" and a.name == "function_calling_multi"]
+    task = multi.all_tasks()[0]
+    gt = multi.ground_truth_calls(task)
+    full = multi.score(task, run_episode(multi, task, gt), Response())
+    crit = score_rubric(rubric, task, Response(), full)
+    assert crit == {"outcome": 1.0, "turns_with_calls": 1.0, "calls_ok": 1.0, "state_match": 1.0}
+    assert reward(rubric, full.outcome, crit) == 2.0
+    part = multi.score(task, run_episode(multi, task, gt[:1]), Response())
+    crit = score_rubric(rubric, task, Response(), part)
+    d = part.details
+    assert part.outcome == 0.0 and d["turns_with_calls"] == 0.25 and d["calls_ok"] == 1.0
+    assert crit == {"outcome": 0.0, **{k: d[k] for k in ("turns_with_calls", "calls_ok",
+                                                         "state_match")}}
+    assert reward(rubric, 0.0, crit) == pytest.approx(
+        (0.25 + 1.0 + d["state_match"]) / 5)
+
+
 def test_multi_turn_missing_call_fails_state_check(multi):
     task = multi.all_tasks()[0]
     gt = multi.ground_truth_calls(task)
