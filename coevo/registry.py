@@ -48,6 +48,15 @@ class Registry(Generic[T]):
             known = ", ".join(sorted(self._items)) or "(none)"
             raise UnknownName(f"unknown {self.what} {name!r}; known: {known}") from None
 
+    def check(self, name: str) -> str:
+        """`name` when registered, else a ValueError listing the known names: the body of a
+        pydantic validator of a config field that names an entry."""
+        try:
+            self.get(name)
+        except UnknownName as exc:
+            raise ValueError(str(exc)) from None
+        return name
+
     def names(self) -> list[str]:
         return sorted(self._items)
 
@@ -109,11 +118,7 @@ def choice_validators(registry: "Registry[Any]", name_field: str, options_field:
     from pydantic import ValidationInfo, field_validator
 
     def known(cls: Any, v: str) -> str:
-        try:
-            registry.get(v)
-        except UnknownName as exc:
-            raise ValueError(str(exc)) from None
-        return v
+        return registry.check(v)
 
     def options(cls: Any, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
         if name_field in info.data:  # else the name itself was rejected

@@ -72,7 +72,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from coevo.assets.harness import Demo
 from coevo.errors import CoevoError
-from coevo.registry import Registry, UnknownName
+from coevo.registry import Registry
 from coevo.rl.grpo import Agg, aggregate
 from coevo.trajectory import Trajectory
 
@@ -105,11 +105,7 @@ class TeacherConfig(BaseModel):
     @field_validator("kind")
     @classmethod
     def _known(cls, v: str) -> str:
-        try:
-            TEACHERS.get(v)
-        except UnknownName as exc:
-            raise ValueError(str(exc)) from None
-        return v
+        return TEACHERS.check(v)
 
     @model_validator(mode="after")
     def _richer(self) -> "TeacherConfig":

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from coevo.errors import CoevoError
-from coevo.registry import Registry, UnknownName
+from coevo.registry import Registry
 
 
 class TrackingError(CoevoError):
@@ -97,11 +97,7 @@ class TrackingSpec(BaseModel):
     @field_validator("backend")
     @classmethod
     def _known(cls, v: str) -> str:
-        try:
-            TRACKERS.get(v)
-        except UnknownName as e:
-            raise ValueError(str(e)) from None
-        return v
+        return TRACKERS.check(v)
 
     @field_validator("uri", "dir")
     @classmethod
