@@ -418,6 +418,24 @@ def test_each_call_lists_the_operations_in_its_own_seeded_order(monkeypatch):
     assert len(firsts[0]) >= 4 and firsts[1] == {"add_rule"}
 
 
+def test_an_operator_missing_part_of_the_contract_is_refused_at_registration():
+    from typing import Literal
+
+    from coevo.propose import operators
+
+    class Half(operators.Operator):
+        kind: Literal["half_op"] = "half_op"
+
+        @classmethod
+        def branches(cls, view):
+            return []
+
+    before = operators.OPERATORS.names()
+    with pytest.raises(TypeError, match="operator Half: does not implement apply, menu"):
+        operators.register(Half)
+    assert operators.OPERATORS.names() == before and "half_op" not in operators.ORDER
+
+
 def test_bad_options_are_clear_errors():
     from coevo.errors import CoevoError
 

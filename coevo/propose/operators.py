@@ -39,8 +39,10 @@ while a harness has nothing for it to do.
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
+from abc import abstractmethod
 from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
@@ -155,15 +157,15 @@ class Operator(BaseModel):
         return cls.model_fields["kind"].default
 
     @classmethod
-    def branches(cls, view: EditView) -> list[dict[str, Any]]:
-        raise NotImplementedError
+    @abstractmethod
+    def branches(cls, view: EditView) -> list[dict[str, Any]]: ...
 
     @classmethod
-    def menu(cls, view: EditView) -> str:
-        raise NotImplementedError
+    @abstractmethod
+    def menu(cls, view: EditView) -> str: ...
 
-    def apply(self, work: dict[str, Any], view: EditView) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def apply(self, work: dict[str, Any], view: EditView) -> None: ...
 
     def record(self, view: EditView) -> dict[str, Any]:
         return {"kind": self.op(), **self.model_dump(mode="json", exclude={"kind"})}
@@ -174,6 +176,11 @@ ORDER: list[str] = []  # registration order: the order the model reads the menu 
 
 
 def register(cls: type[Operator]) -> type[Operator]:
+    """Registers an operator class; one missing part of the contract is refused here, not
+    when a round first offers it."""
+    if inspect.isabstract(cls):
+        missing = ", ".join(sorted(cls.__abstractmethods__))
+        raise TypeError(f"operator {cls.__name__}: does not implement {missing}")
     OPERATORS.add(cls.op(), cls)
     ORDER.append(cls.op())
     return cls
