@@ -334,6 +334,20 @@ def proposals_list(
              lambda: proposals_table(store, run=run, status=status))
 
 
+@proposals_app.command("stats")
+def proposals_stats(
+    run: Optional[str] = typer.Option(None, "--run", help="Only this run (id or name)."),
+    db: Optional[str] = DbOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """Per proposer: valid rate, gated, accept rate and the mean accepted gain."""
+    from coevo.proposer_stats import proposer_stats, stats_table
+
+    store = _store(db)
+    out.emit(console, as_json, lambda: [s.doc() for s in proposer_stats(store, run)],
+             lambda: stats_table(store, run=run))
+
+
 @proposals_app.command("show")
 def proposals_show(
     id: str,

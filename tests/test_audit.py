@@ -290,3 +290,36 @@ def test_proposal_view_shows_the_soft_gates_metric_and_stages(store, world):
     assert "0.250" in row and "0.750" in row
     stop = next(ln for ln in text.splitlines() if "chunk 1" in ln and "futility" in ln)
     assert "reject" in stop and "0.0625" in stop
+
+
+def test_proposer_stats_count_valid_gated_accepted_and_mean_gain(store, world, tmp_path):
+    """`coevo proposals stats`: per proposer, from the stored proposals and decisions; a
+    reviewer's veto does not change what the gate accepted."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from coevo.cli import app
+    from coevo.proposer_stats import proposer_stats, stats_table
+    from coevo.store.records import REVIEW_POLICY
+
+    store.add_decision(world.acc, policy=REVIEW_POLICY, accepted=False, reason="vetoed: too long",
+                       status="rejected")
+    got = {s.proposer: s for s in proposer_stats(store, "exp1")}
+    assert sorted(got) == ["demos", "harness_lm", "skills_lm"]
+    lm, demos, skills = got["harness_lm"], got["demos"], got["skills_lm"]
+    assert (lm.proposals, lm.invalid, lm.gated, lm.accepted) == (2, 1, 1, 1)
+    assert (lm.valid_rate, lm.accept_rate, lm.accepted_delta, lm.gated_delta) == (0.5, 1.0, 0.5, 0.5)
+    assert (demos.proposals, demos.invalid, demos.gated, demos.accepted) == (1, 0, 1, 0)
+    assert (demos.accept_rate, demos.accepted_delta, demos.gated_delta) == (0.0, None, 0.0)
+    assert (skills.gated, skills.accept_rate, skills.valid_rate) == (0, None, 1.0)  # pending
+    lines = render_text(stats_table(store, "exp1")).splitlines()
+    row = next(ln for ln in lines if "harness_lm" in ln)
+    assert row.replace("│", " ").split() == ["harness_lm", "2", "1", "0.500", "1", "1", "1", "0.500",
+                                             "0.500"]
+
+    res = CliRunner().invoke(app, ["proposals", "stats", "--run", "exp1", "--json",
+                                   "--db", store.url])
+    assert res.exit_code == 0, res.output
+    doc = {d["proposer"]: d for d in json.loads(res.output)}
+    assert doc["demos"]["accept_rate"] == 0.0 and doc["harness_lm"]["valid_rate"] == 0.5
