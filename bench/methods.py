@@ -190,9 +190,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             row = run_method(name, table_of[name], cfg, seed, store, out / "checkpoints",
                              max_new_tokens=16 if a.small else None)
             rows.append(row)
+            (out / "methods.json").write_text(json.dumps(rows, indent=1))  # each row kept
             print(f"{name} seed {seed}: val {row['val']}, signal {row['signal']}, "
                   f"{row['seconds']:.0f} s", flush=True)
-    (out / "methods.json").write_text(json.dumps(rows, indent=1))
     print(f"\n{cfg.env}: {len(rows) // len(names)} seed(s) x {len(names)} methods, "
           f"{cfg.rl.stage.steps} RL steps x {cfg.rl.stage.tasks_per_step} tasks x G "
           f"{cfg.rl.stage.samples}, val n={cfg.splits.val_n}; data {out / 'methods.json'}")
