@@ -328,7 +328,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for line in ledger.read_text().splitlines():
             r = json.loads(line)
             done[(r["env"], r["seed"], r["mode"])] = r
-    runs, base_vals, rates, budgets = [], {}, {}, {}
+    runs, base_vals, rates, budgets, reused = [], {}, {}, {}, 0
     for b in bases:
         base_vals[b.env], rates[b.env] = calibration(b, store)
         # The budget is fixed per env here, before any mode runs: every mode gets the same.
@@ -339,6 +339,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for mode in order:
                 if (b.env, seed, mode) in done:
                     runs.append(done[(b.env, seed, mode)])
+                    reused += 1
                     _say(f"[bold]{b.name}[/bold] seed {seed} mode {mode}: done before, reused")
                     continue
                 _say(f"[bold]{b.name}[/bold] seed {seed} mode {mode}")
@@ -361,13 +362,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "budget_units": None if a.budget_tokens else units,
               "proposers": proposers, "proposer_model": a.proposer_model,
               "machine": machine(), "seconds": time.perf_counter() - t0, "estimate_s": est,
+              "reused": reused,
               "configs": {b.env: b.model_dump(mode="json", exclude=_SET_BY_BENCH) for b in bases},
               "base_val": base_vals, "runs": runs, "null": null,
               "data": str(data_path.relative_to(REPO)) if data_path.is_relative_to(REPO) else str(data_path)}
+    report = portable(report, out)
     write_data(report, data_path)
     path = write_results(report, a.results)
     _say(f"done in {report['seconds'] / 60:.1f} min (estimate {est / 60:.0f}); wrote {path} and {data_path}")
     return report
+
+
+def portable(report: dict[str, Any], out: Path) -> dict[str, Any]:
+    """`report` with this checkout's path written "." and the --out folder "<out>" (in the
+    command, the configs' seed_dir and checkpoint folders): the stored data and the page name
+    no folder of the machine that ran the bench."""
+    text = json.dumps(report, default=str)
+    for path, name in ((out.resolve(), "<out>"), (REPO.resolve(), ".")):
+        text = text.replace(json.dumps(str(path))[1:-1], name)
+    return json.loads(text)
 
 
 def machine() -> str:

@@ -159,7 +159,12 @@ def write_results(rep: dict[str, Any], path: Path) -> Path:
         f"(rebuild with `--report-only`); do not edit by hand. Command: `{rep['command']}`"
         + (" (**--small smoke run: the numbers mean nothing**)" if rep["small"] else ""),
         "", f"- Machine: {rep['machine']}",
-        f"- Wall time: {rep['seconds'] / 60:.1f} min",
+        f"- Wall time: {rep['seconds'] / 60:.1f} min"
+        + (f" for this invocation, which reused {rep['reused']} finished runs from the --out "
+           "ledger of an earlier one" if rep.get("reused") else "")
+        + f"; the {len(rep['runs'])} runs' own times sum to "
+        f"{sum(r.get('seconds') or 0 for r in rep['runs']) / 60:.1f} min. Seconds are wall clock "
+        "on the machine as it was (other work ran beside some runs): compare tokens, not seconds",
         f"- Seeds: {rep['seeds']} per env; every mode of a seed starts from the same seed asset "
         "versions, pinned by hash from the seed files when the run is created, and a freshly "
         "loaded base model",

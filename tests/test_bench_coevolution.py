@@ -273,3 +273,18 @@ def test_small_run_writes_the_table_plot_data_and_null_check(tmp_path):
     again = tmp_path / "again.md"
     bench.main(["--report-only", "--data", str(out / "coevolution.json"), "--results", str(again)])
     assert again.read_text() == text
+
+
+def test_stored_report_names_no_folder_of_the_machine_that_ran_it(tmp_path):
+    """The data and page keep the command and configs, with the checkout written "." and the
+    --out folder "<out>"."""
+    out = tmp_path / "o"
+    rep = {"command": f"python bench/coevolution.py --out {out}",
+           "configs": {"e": {"assets": {"seed_dir": str(bench.REPO)},
+                             "rl": {"stage": {"checkpoint_dir": f"{out}/checkpoints/e"}}}},
+           "seconds": 60.0, "reused": 2, "runs": [{"seconds": 120.0}, {"seconds": 60.0}]}
+    got = bench.portable(rep, out)
+    assert got["command"] == "python bench/coevolution.py --out <out>"
+    assert got["configs"]["e"]["assets"]["seed_dir"] == "."
+    assert got["configs"]["e"]["rl"]["stage"]["checkpoint_dir"] == "<out>/checkpoints/e"
+    assert str(tmp_path) not in str(got) and got["seconds"] == 60.0
