@@ -151,6 +151,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=str(REPO / "training" / "bench" / "arithmetic.yaml"))
     ap.add_argument("--seeds", type=int, default=None, help="default 2; small 1")
+    ap.add_argument("--first-seed", type=int, default=0,
+                    help="seeds first-seed .. first-seed + seeds - 1 (add seeds to a run's data)")
     ap.add_argument("--methods", default=None, help="comma list (default: all)")
     ap.add_argument("--model", default=None, help="policy backend spec (default: the config's)")
     ap.add_argument("--teacher-demos", type=int, default=3)
@@ -185,7 +187,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     if DEFAULT not in names:
         names = [DEFAULT, *names]  # every row is compared with it
     rows = []
-    for seed in range(a.seeds or (1 if a.small else 2)):
+    for seed in range(a.first_seed, a.first_seed + (a.seeds or (1 if a.small else 2))):
         for name in names:
             row = run_method(name, table_of[name], cfg, seed, store, out / "checkpoints",
                              max_new_tokens=16 if a.small else None)
