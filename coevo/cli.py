@@ -514,6 +514,17 @@ def _run_and_summarise(cfg, store, resume: Optional[str]) -> None:
                       highlight=False)
     if res.final is not None:
         console.print(f"test: {res.final.line()}", highlight=False)
+        start = (res.rounds[0].get("evaluations") or {}).get("test_start") if res.rounds else None
+        if start is not None:
+            from coevo.evaluate import paired_difference, task_outcomes
+
+            d, lo, hi, n = paired_difference(
+                task_outcomes(store.get_evaluation(res.final.evaluation)),
+                task_outcomes(store.get_evaluation(start)))
+            gap = "-" if d is None else f"{d:+.3f}" + ("" if lo is None else f" [{lo:+.3f}, {hi:+.3f}]")
+            console.print(f"test, seed assets and base model vs final: {score(res.rounds[0], 'test_start')}"
+                          f" -> {res.final.mean:.3f}; paired difference {gap} over {n} tasks "
+                          "(Student-t)", highlight=False)
     name = escaped(res.name)
     console.print(f"audit: coevo serve (in a browser) | coevo runs show {name} | "
                   f"coevo proposals list --run {name} | coevo report {name} --out report.html",

@@ -74,6 +74,10 @@ class Splits(_Block):
     # Score the incumbent on the whole val split at the start and after every round (the
     # val curve; not used by any decision, charged as eval_rollouts).
     track_val: bool = True
+    # Also score the seed incumbent (seed assets, base model) on the test split at the start,
+    # so the final test score has a baseline from the same run, task for task (measurement:
+    # no decision reads it; charged as eval_rollouts).
+    seed_test: bool = False
     # A frozen split file (`coevo splits freeze`, validation/NAME.yaml): the run refuses to
     # start when the environment's val / test tasks differ from it (coevo/frozen_splits.py).
     frozen: str | None = None

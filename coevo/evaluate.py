@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -104,6 +104,39 @@ def t_interval(values: Sequence[float], level: float = 0.95) -> tuple[float | No
     sd = math.sqrt(sum((v - m) ** 2 for v in values) / (n - 1))
     half = float(stats.t.ppf(0.5 + level / 2, n - 1)) * sd / math.sqrt(n)
     return max(0.0, m - half), min(1.0, m + half)
+
+
+def task_outcomes(rec: Any) -> dict[str, float]:
+    """{task id: mean outcome over its scored samples} of a stored evaluation (an
+    EvaluationRecord with its results); tasks with no scored sample are left out."""
+    by: dict[str, list[float]] = {}
+    for r in rec.results:
+        if r.outcome is not None:
+            by.setdefault(r.task_id, []).append(r.outcome)
+    return {t: sum(v) / len(v) for t, v in by.items()}
+
+
+def paired_difference(after: Mapping[str, float], before: Mapping[str, float],
+                      level: float = 0.95) -> tuple[float | None, float | None, float | None, int]:
+    """(mean, low, high, n) of `after - before` over the tasks both scored ({task id:
+    outcome}, e.g. `task_outcomes`): the per-task differences and their two-sided Student-t
+    interval (not clipped).
+
+    >>> m, lo, hi, n = paired_difference({"a": 1, "b": 1, "c": 0, "d": 1, "e": 1},
+    ...                                  {"a": 0, "b": 1, "c": 0, "d": 0})
+    >>> (m, round(lo, 3), round(hi, 3), n)
+    (0.5, -0.419, 1.419, 4)
+    """
+    d = [v - before[t] for t, v in after.items() if t in before]
+    n = len(d)
+    if n < 2:
+        return (d[0] if d else None), None, None, n
+    from scipy import stats
+
+    m = sum(d) / n
+    sd = math.sqrt(sum((v - m) ** 2 for v in d) / (n - 1))
+    half = float(stats.t.ppf(0.5 + level / 2, n - 1)) * sd / math.sqrt(n)
+    return m, m - half, m + half, n
 
 
 def summarize(trajs: Sequence[Trajectory], *, env: str, split: str, samples: int,

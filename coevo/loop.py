@@ -232,6 +232,8 @@ def run_coevolution(cfg: RunConfig, store: Any, parts: Parts | None = None, *,
             begin_round(run, r)
             if r == 0:
                 track_val(run, r, incumbent, "val_start")          # the seed, before any change
+                if cfg.splits.seed_test:
+                    track_val(run, r, incumbent, "test_start", split="test")
             incumbent, approved = review_step(run, r, incumbent)  # gate.human_review only
             kill_point(f"after_reviews:{r}")
             if run.mode.peer is None:
@@ -407,15 +409,17 @@ def end_round(run: _Run, r: int, incumbent: Incumbent, accepted: list[Candidate]
     return stop
 
 
-def track_val(run: _Run, r: int, incumbent: Incumbent, key: str) -> dict[str, Any]:
+def track_val(run: _Run, r: int, incumbent: Incumbent, key: str,
+              split: str = "val") -> dict[str, Any]:
     """The incumbent's score on the whole val split (the val curve of the report and the
     quickstart's before/after), stored in round r's summary as `<key>_score` and
     `evaluations[key]`. Measurement, not part of the algorithm: it uses the loop's fixed
     seed (the same per-task seeds every round, so rounds compare), never feeds a decision,
     and is charged as `eval_rollouts`, apart from the budgets the modes are matched on.
     Idempotent: the evaluation id is written to the running round before anything else, so
-    a resumed round reuses it."""
-    if not run.cfg.splits.track_val:
+    a resumed round reuses it. split="test": the same on the test split (`splits.seed_test`)."""
+    sp = run.cfg.splits
+    if split == "val" and not sp.track_val:
         return {}
     summary = run.store.get_round(run.id, r).summary
     evs = dict(summary.get("evaluations") or {})
@@ -424,8 +428,10 @@ def track_val(run: _Run, r: int, incumbent: Incumbent, key: str) -> dict[str, An
         res = EvalResult.model_validate({**rec.summary, "evaluation": rec.id})
     else:
         k = run.key("track", r, key)
+        tasks = run.val if split == "val" else list(run.parts.env.tasks("test", sp.test_n))
         res = evaluate(run.store, run.parts.env, incumbent.agent_assets(), run.parts.backend,
-                       tasks=run.val, split="val", samples=run.cfg.splits.val_samples,
+                       tasks=tasks, split=split,
+                       samples=sp.val_samples if split == "val" else sp.test_samples,
                        seed=run.cfg.seed, checkpoint=incumbent.checkpoint, run=run.id, round=r,
                        judge=run.judge, key=k, on_stored=lambda res: run.store.add_budget(
                            run.id, "eval_rollouts", res.n_episodes, round=r, key=k),

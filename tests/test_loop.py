@@ -256,6 +256,27 @@ def test_quickstart_seed_option_sets_the_run_seed(tmp_path, monkeypatch, args, s
     assert cfg.model_dump(exclude={"seed", "name"}) == base.model_dump(exclude={"seed", "name"})
 
 
+def test_seed_test_scores_the_seed_on_the_final_tests_tasks(tmp_path):
+    """splits.seed_test: round 0 also scores the seed incumbent (seed harness, no checkpoint)
+    on the test split, on the tasks and seeds the final test uses, so the two pair per task."""
+    from coevo.evaluate import paired_difference, task_outcomes
+
+    cfg, store, _, res = _run(tmp_path, splits={"val_n": 12, "test_n": 6, "train_n": 4,
+                                                "seed_test": True})
+    [r0] = store.rounds(res.run)
+    rec = store.get_evaluation(r0.summary["evaluations"]["test_start"])
+    seed, final = task_outcomes(rec), task_outcomes(store.get_evaluation(res.final.evaluation))
+    assert rec.split == "test" and rec.checkpoint is None
+    assert rec.harness == store.get_run(res.run).config["seed"]["harness"] != res.final.harness
+    assert sorted(seed) == sorted(final) and len(seed) == 6
+    assert (r0.summary["test_start_score"], res.final.mean) == (0.0, 1.0)
+    assert set(seed.values()) == {0.0} and set(final.values()) == {1.0}
+    assert paired_difference(final, seed) == (1.0, 1.0, 1.0, 6)
+    # off by default: nothing is evaluated on the test split before the end
+    _, store2, _, res2 = _run(tmp_path / "off")
+    assert "test_start" not in store2.rounds(res2.run)[0].summary["evaluations"]
+
+
 def test_rounds_record_the_val_curve_and_rl_steps(tmp_path):
     """Seed score before round 0, the incumbent's score after each round, the RL step logs
     (reward, signal fraction) and the test score: what `coevo runs show` and the report read."""
