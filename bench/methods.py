@@ -22,7 +22,8 @@ reward gap, the teacher measured every 2 steps.
 
     python bench/methods.py [--config training/bench/arithmetic.yaml] [--seeds 2]
         [--methods default,gigpo,progress,tempered,distill] [--model SPEC] [--small]
-        [--set KEY=VALUE ...]
+        [--set KEY=VALUE ...] [--first-seed N]
+    python bench/methods.py --report A/methods.json [B/methods.json ...]
 
 The step-level `gigpo` estimator needs multi-turn episodes whose turns start from repeated
 observations: its row comes from `--config training/bench/bfcl-multi.yaml --methods gigpo`
@@ -68,7 +69,20 @@ def methods(teacher_demos: list[dict], small: bool = False) -> dict[str, dict[st
         "tempered": {"stage": {"temperature": "tempered"}},
         "distill": {"train": {"teacher": {"kind": "distill", "demos": teacher_demos,
                                           "weight": 0.1, "schedule": schedule}}},
+        # DARS-style predicates: the number-format credit pays only when the answer line is
+        # there (on the reasoning rubric; a rubric without those criteria is left as it is).
+        "predicates": {"requires": {"numeric_answer": ["answer_line"]}},
     }
+
+
+def with_requires(rubric: Any, requires: dict[str, list[str]]) -> Any:
+    """`rubric` with prerequisites added to the criteria named in `requires` that it has."""
+    ids = {c.id for c in rubric.criteria}
+    req = {k: v for k, v in requires.items() if k in ids and set(v) <= ids}
+    if not req:
+        return rubric
+    return rubric.child(criteria=[{**c.model_dump(), "requires": req.get(c.id, list(c.requires))}
+                                  for c in rubric.criteria])
 
 
 def answer_demos(env: Any, harness: Any, k: int) -> list[dict]:
@@ -106,6 +120,10 @@ def run_method(name: str, over: dict[str, Any], cfg: Any, seed: int, store: Any,
     trainer = Trainer(backend.model, train, base_model=cfg.model.backend, tokenizer=backend.tokenizer)
     env = make_env(cfg.env)
     assets = seed_incumbent(cfg, store).agent_assets()
+    if over.get("requires"):
+        rubric = with_requires(assets.rubric, over["requires"])
+        store.put_asset(rubric)  # stored like any version the trajectories name
+        assets = assets.model_copy(update={"rubric": rubric})
     if max_new_tokens is not None:
         h = assets.harness
         assets = assets.model_copy(update={"harness": h.child(decoding={
@@ -160,7 +178,14 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                     help="a config override, as `coevo run` takes them (repeatable)")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--report", type=Path, nargs="+", default=None, metavar="JSON",
+                    help="print the table from saved methods.json files (run nothing)")
     a = ap.parse_args(argv)
+    if a.report:
+        rows = [r for f in a.report for r in json.loads(f.read_text())]
+        names = list(dict.fromkeys([DEFAULT, *(r["method"] for r in rows)]))
+        print("\n".join(table(rows, names)))
+        return rows
 
     from coevo.config import RunConfig
     from coevo.envs.registry import make_env

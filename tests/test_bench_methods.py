@@ -1,0 +1,50 @@
+"""bench/methods.py's pieces that decide what a row measures: the `predicates` method's
+rubric (prerequisites added to the seed rubric) and the table built from saved rows."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+
+import methods  # noqa: E402
+
+from coevo.assets.io import load_seed_dir  # noqa: E402
+from coevo.rewards import paid_criteria, reward  # noqa: E402
+
+SEEDS = {(a.kind, a.name): a for a in load_seed_dir(REPO)}
+
+
+def test_predicates_method_makes_the_number_credit_depend_on_the_answer_line():
+    over = methods.methods([])["predicates"]
+    base = SEEDS["rubric", "reasoning"]
+    r = methods.with_requires(base, over["requires"])
+    assert {c.id: c.requires for c in r.criteria} == {
+        "outcome": [], "answer_line": [], "numeric_answer": ["answer_line"]}
+    assert r.parent == base.hash
+    no_line = {"outcome": 0.0, "answer_line": 0.0, "numeric_answer": 1.0}
+    assert paid_criteria(r, no_line)["numeric_answer"] == 0.0
+    assert reward(r, 0.0, no_line) == 0.0 and reward(base, 0.0, no_line) == 0.5 / 3
+    both = {"outcome": 1.0, "answer_line": 1.0, "numeric_answer": 1.0}
+    assert reward(r, 1.0, both) == reward(base, 1.0, both) == 2.0
+    # a rubric without those criteria is the same version
+    fc = SEEDS["rubric", "function_calling"]
+    assert methods.with_requires(fc, over["requires"]).hash == fc.hash
+
+
+def test_report_pairs_each_method_with_default_within_seed(tmp_path, capsys):
+    rows = [{"method": m, "seed": s, "val": None, "signal": sig, "seconds": 10.0,
+             "tasks": {f"t{i}": float(i < k) for i in range(4)}}
+            for m, s, k, sig in [("default", 0, 1, 0.5), ("default", 1, 2, 0.5),
+                                 ("tempered", 0, 2, 0.75), ("tempered", 1, 3, 0.25)]]
+    f = tmp_path / "m.json"
+    f.write_text(json.dumps(rows))
+    methods.main(["--report", str(f)])
+    out = capsys.readouterr().out.splitlines()
+    tempered = next(ln for ln in out if ln.startswith("tempered")).split()
+    # val: mean of per-seed means (0.5, 0.75); vs default: +0.25 on every seed
+    assert tempered[1] == "0.625" and tempered[4] == "+0.250"
+    assert tempered[5:7] == ["[+0.250,", "+0.250]"] and tempered[7] == "0.500"
