@@ -178,6 +178,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                     help="a config override, as `coevo run` takes them (repeatable)")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--without-default", action="store_true",
+                    help="do not add the default row (its rows are in another run's data, "
+                    "same config and seeds: combine them with --report)")
     ap.add_argument("--report", type=Path, nargs="+", default=None, metavar="JSON",
                     help="print the table from saved methods.json files (run nothing)")
     a = ap.parse_args(argv)
@@ -209,7 +212,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     unknown = [n for n in names if n not in table_of]
     if unknown:
         raise CoevoError(f"--methods: unknown {', '.join(unknown)}; known: {', '.join(table_of)}")
-    if DEFAULT not in names:
+    if DEFAULT not in names and not a.without_default:
         names = [DEFAULT, *names]  # every row is compared with it
     rows = []
     for seed in range(a.first_seed, a.first_seed + (a.seeds or (1 if a.small else 2))):
