@@ -292,7 +292,7 @@ def test_proposal_view_shows_the_soft_gates_metric_and_stages(store, world):
     assert "reject" in stop and "0.0625" in stop
 
 
-def test_proposer_stats_count_valid_gated_accepted_and_mean_gain(store, world, tmp_path):
+def test_proposer_stats_count_valid_gated_accepted_and_mean_gain(store, world, db_url):
     """`coevo proposals stats`: per proposer, from the stored proposals and decisions; a
     reviewer's veto does not change what the gate accepted."""
     import json
@@ -319,7 +319,7 @@ def test_proposer_stats_count_valid_gated_accepted_and_mean_gain(store, world, t
                                              "0.500"]
 
     res = CliRunner().invoke(app, ["proposals", "stats", "--run", "exp1", "--json",
-                                   "--db", store.url])
+                                   "--db", db_url])  # store.url masks the password
     assert res.exit_code == 0, res.output
     doc = {d["proposer"]: d for d in json.loads(res.output)}
     assert doc["demos"]["accept_rate"] == 0.0 and doc["harness_lm"]["valid_rate"] == 0.5
