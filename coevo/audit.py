@@ -115,6 +115,7 @@ class ProposalRow(_Row):
     mean_diff: float | None = None
     p_value: float | None = None  # Holm-adjusted when the gate recorded it
     rollouts: int = 0
+    gate_accepted: bool | None = None  # the gate's own verdict (None: not gated), not a review's
 
 
 def _num(value: Any) -> float | None:
@@ -250,7 +251,7 @@ def proposal_rows(store: Store, run: str | None = None, status: str | None = Non
             id=p.id, run=p.run, round=p.round, proposer=p.proposer, kind=p.kind,
             status=p.status, parent=p.parent, candidate=p.candidate, reason=reason,
             mean_diff=_stat(gate, "mean_diff"), p_value=_stat(gate, "p_adjusted", "p_value"),
-            rollouts=gate.rollouts if gate else 0))
+            rollouts=gate.rollouts if gate else 0, gate_accepted=gate.accepted if gate else None))
     return out
 
 

@@ -95,15 +95,20 @@ def t_interval(values: Sequence[float], level: float = 0.95) -> tuple[float | No
     >>> t_interval([0.5, 0.5, 0.5])
     (0.5, 0.5)
     """
-    n = len(values)
-    if n < 2:
+    if len(values) < 2:
         return None, None
+    m, half = _t_half(values, level)
+    return max(0.0, m - half), min(1.0, m + half)
+
+
+def _t_half(values: Sequence[float], level: float) -> tuple[float, float]:
+    """(mean, half-width of the two-sided Student-t interval) of n >= 2 values."""
     from scipy import stats
 
+    n = len(values)
     m = sum(values) / n
     sd = math.sqrt(sum((v - m) ** 2 for v in values) / (n - 1))
-    half = float(stats.t.ppf(0.5 + level / 2, n - 1)) * sd / math.sqrt(n)
-    return max(0.0, m - half), min(1.0, m + half)
+    return m, float(stats.t.ppf(0.5 + level / 2, n - 1)) * sd / math.sqrt(n)
 
 
 def task_outcomes(rec: Any) -> dict[str, float]:
@@ -131,11 +136,7 @@ def paired_difference(after: Mapping[str, float], before: Mapping[str, float],
     n = len(d)
     if n < 2:
         return (d[0] if d else None), None, None, n
-    from scipy import stats
-
-    m = sum(d) / n
-    sd = math.sqrt(sum((v - m) ** 2 for v in d) / (n - 1))
-    half = float(stats.t.ppf(0.5 + level / 2, n - 1)) * sd / math.sqrt(n)
+    m, half = _t_half(d, level)
     return m, m - half, m + half, n
 
 

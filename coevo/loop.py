@@ -231,9 +231,9 @@ def run_coevolution(cfg: RunConfig, store: Any, parts: Parts | None = None, *,
         for r in range(start, cfg.rounds):
             begin_round(run, r)
             if r == 0:
-                track_val(run, r, incumbent, "val_start")          # the seed, before any change
+                track_score(run, r, incumbent, "val_start")        # the seed, before any change
                 if cfg.splits.seed_test:
-                    track_val(run, r, incumbent, "test_start", split="test")
+                    track_score(run, r, incumbent, "test_start", split="test")
             incumbent, approved = review_step(run, r, incumbent)  # gate.human_review only
             kill_point(f"after_reviews:{r}")
             if run.mode.peer is None:
@@ -400,7 +400,7 @@ def end_round(run: _Run, r: int, incumbent: Incumbent, accepted: list[Candidate]
                   if x.status == "done" and x.index > r - patience]
         if not accepted and len(recent) == patience - 1 and not any(recent):
             stop = f"no accepted proposal in the last {patience} rounds"
-    summary = {**run.store.get_round(run.id, r).summary, **track_val(run, r, incumbent, "val"),
+    summary = {**run.store.get_round(run.id, r).summary, **track_score(run, r, incumbent, "val"),
                "incumbent": incumbent.hashes(), "accepted": [c.hash for c in accepted],
                "spent": run.store.budget_totals(run.id, round=r), "stop": stop}
     run.store.finish_round(run.id, r, "done", summary=summary)
@@ -409,15 +409,16 @@ def end_round(run: _Run, r: int, incumbent: Incumbent, accepted: list[Candidate]
     return stop
 
 
-def track_val(run: _Run, r: int, incumbent: Incumbent, key: str,
-              split: str = "val") -> dict[str, Any]:
-    """The incumbent's score on the whole val split (the val curve of the report and the
-    quickstart's before/after), stored in round r's summary as `<key>_score` and
-    `evaluations[key]`. Measurement, not part of the algorithm: it uses the loop's fixed
-    seed (the same per-task seeds every round, so rounds compare), never feeds a decision,
-    and is charged as `eval_rollouts`, apart from the budgets the modes are matched on.
+def track_score(run: _Run, r: int, incumbent: Incumbent, key: str,
+                split: str = "val") -> dict[str, Any]:
+    """The incumbent's score on the whole val split, or with split="test" on the test split
+    (the val curve of the report and the quickstart's before/after), stored in round r's
+    summary as `<key>_score` and `evaluations[key]`. Measurement, not part of the algorithm:
+    it uses the loop's fixed seed (the same per-task seeds every round, so rounds compare),
+    never feeds a decision, and is charged as `eval_rollouts`, apart from the budgets the
+    modes are matched on.
     Idempotent: the evaluation id is written to the running round before anything else, so
-    a resumed round reuses it. split="test": the same on the test split (`splits.seed_test`)."""
+    a resumed round reuses it. The test split is scored this way only by `splits.seed_test`."""
     sp = run.cfg.splits
     if split == "val" and not sp.track_val:
         return {}

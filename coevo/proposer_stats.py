@@ -31,7 +31,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from coevo.audit import fmt, proposal_rows
-from coevo.store.records import REVIEW_POLICY
 from coevo.terminal import safe
 
 
@@ -72,19 +71,13 @@ def proposer_stats(store: Any, run: str | None = None) -> list[ProposerStats]:
     for name in sorted(by):
         rows = by[name]
         gated = [r for r in rows if r.status != "invalid" and r.mean_diff is not None]
-        acc = [r for r in gated if _gate_accepted(store, r.id)]
+        acc = [r for r in gated if r.gate_accepted]
         out.append(ProposerStats(
             proposer=name, proposals=len(rows), invalid=sum(r.status == "invalid" for r in rows),
             gated=len(gated), accepted=len(acc),
             accepted_delta=_mean([r.mean_diff for r in acc]),
             gated_delta=_mean([r.mean_diff for r in gated])))
     return out
-
-
-def _gate_accepted(store: Any, proposal: str) -> bool:
-    """The gate's own verdict (a reviewer's decision is not the gate's)."""
-    gate = [d for d in store.decisions(proposal) if d.policy != REVIEW_POLICY]
-    return bool(gate) and gate[-1].accepted
 
 
 def stats_table(store: Any, run: str | None = None) -> Table:
