@@ -17,8 +17,11 @@ Seconds: the RL stage plus the val evaluation. Results go to `--out` (JSON).
 
 The `distill` method's teacher is the same base model reading the incumbent harness plus
 `--teacher-demos` extra demos built from the first train tasks and their reference answers in
-the harness's answer format (a richer context than the student's), weight 0.1, faded by the
-reward gap, the teacher measured every 2 steps.
+the harness's answer format (a richer context than the student's), or the demos of
+`--teacher-demos-file` (bench/data/teacher-demos-arithmetic.json: the demos the gate accepted
+in the co-evolution bench's harness-only runs), weight 0.1, faded by the reward gap, the
+teacher measured every 2 steps. Rows keep each step's teacher weight and teacher / student
+reward.
 
     python bench/methods.py [--config training/bench/arithmetic.yaml] [--seeds 2]
         [--methods default,gigpo,progress,tempered,distill] [--model SPEC] [--small]
@@ -99,6 +102,22 @@ def answer_demos(env: Any, harness: Any, k: int) -> list[dict]:
     return out
 
 
+def demos_file(path: Path) -> list[dict]:
+    """Harness demos ({"messages": [...], "source": ...}) from a JSON file, checked as the
+    harness schema checks them; a bad file is one line naming it."""
+    from coevo.errors import CoevoError
+    from coevo.assets.harness import Demo
+
+    try:
+        items = json.loads(path.read_text())
+        return [Demo.model_validate(d).model_dump(mode="json") for d in items]
+    except (OSError, ValueError, TypeError) as exc:
+        errs = exc.errors() if hasattr(exc, "errors") else None  # pydantic: the first field
+        why = (f"{'.'.join(map(str, errs[0]['loc'])) or 'demo'}: {errs[0]['msg']}" if errs
+               else str(exc).splitlines()[0])
+        raise CoevoError(f"--teacher-demos-file {path}: {why}") from None
+
+
 def run_method(name: str, over: dict[str, Any], cfg: Any, seed: int, store: Any,
                ckpt_root: Path, max_new_tokens: int | None = None) -> dict[str, Any]:
     """One RL stage of `cfg` with the method's overrides, then the val evaluation
@@ -141,6 +160,8 @@ def run_method(name: str, over: dict[str, Any], cfg: Any, seed: int, store: Any,
             "tasks": {t.task_id: t.outcome for t in val.tasks if t.outcome is not None},
             "signal": sum(s.signal_fraction for s in steps) / len(steps) if steps else None,
             "teacher_weight": [s.teacher_weight for s in steps],
+            "teacher_reward": [s.teacher_reward for s in steps],
+            "reward": [s.reward_mean for s in steps],
             "seconds": time.perf_counter() - t0}
 
 
@@ -174,6 +195,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--methods", default=None, help="comma list (default: all)")
     ap.add_argument("--model", default=None, help="policy backend spec (default: the config's)")
     ap.add_argument("--teacher-demos", type=int, default=3)
+    ap.add_argument("--teacher-demos-file", type=Path, default=None, metavar="JSON",
+                    help="the teacher's extra demos from this file (a list of harness demos) "
+                    "instead of --teacher-demos reference answers")
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                     help="a config override, as `coevo run` takes them (repeatable)")
@@ -207,7 +231,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     from coevo.loop import seed_incumbent
 
     harness = seed_incumbent(cfg, store).harness
-    table_of = methods(answer_demos(env, harness, a.teacher_demos), a.small)
+    demos = (demos_file(a.teacher_demos_file) if a.teacher_demos_file
+             else answer_demos(env, harness, a.teacher_demos))
+    table_of = methods(demos, a.small)
     names = (a.methods or ",".join(table_of)).split(",")
     unknown = [n for n in names if n not in table_of]
     if unknown:

@@ -50,3 +50,25 @@ def test_report_pairs_each_method_with_default_within_seed(tmp_path, capsys):
     assert tempered[1] == "0.625" and tempered[4] == "+0.250" and tempered[7] == "0.500"
     lo, hi = float(tempered[5].strip("[,")), float(tempered[6].strip("]"))
     assert 0.0 <= lo < 0.25 < hi <= 1.0
+
+
+def test_teacher_demos_file_feeds_the_distill_teacher_and_bad_files_name_the_field(tmp_path):
+    """--teacher-demos-file: the stored accepted demos become the distill teacher's extra
+    demos as given; a demo that does not end with the assistant's answer is refused with one
+    line naming the file and the field."""
+    import pytest
+
+    from coevo.errors import CoevoError
+
+    demos = methods.demos_file(REPO / "bench" / "data" / "teacher-demos-arithmetic.json")
+    assert [d["messages"][-1]["content"] for d in demos] == ["5 + 2 = 7\nAnswer: 7",
+                                                             "4 * 6 = 24\nAnswer: 24"]
+    teacher = methods.methods(demos)["distill"]["train"]["teacher"]
+    assert teacher["demos"] == demos and teacher["weight"] == 0.1
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps([{"messages": [{"role": "user", "content": "Calculate 1 + 1."},
+                                             {"role": "user", "content": "again"}]}]))
+    with pytest.raises(CoevoError) as err:
+        methods.demos_file(bad)
+    msg = str(err.value)
+    assert "\n" not in msg and str(bad) in msg and "messages" in msg and "assistant" in msg
