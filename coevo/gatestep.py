@@ -17,6 +17,17 @@ Seeds. The arms sample with the gate's own per-(task, sample) seeds (coevo.seque
 passed as `EpisodeJob.task_seeds`), identical for both arms by construction; the incumbent
 arm's scores are cached per (task, seed) and reused by every candidate of the round.
 
+Across rounds. While the gated incumbent stays the same (asset versions AND checkpoint: a
+harness-only run, or any run whose RL left no new checkpoint, after rounds that accepted
+nothing), its seed base stays that of the stretch's first round, and the incumbent outcomes
+that earlier rounds' decisions stored as evidence are reused on the same (task, seed): the
+same assets, weights and seeds, so the same distribution, with no episode run or charged
+twice. The stretch is read from the finished rounds' stored summaries (incumbent hashes,
+accepted) and decisions, so a resumed round finds the same one. A rubric candidate's
+validity still runs on this round's own incumbent episodes (it reads their trajectories).
+Each decision's statistic records its `seed_base` and `incumbent_reused`, the pairs whose
+incumbent side came from an earlier round (only decisions at the same base are reused).
+
 Budget. Before each candidate the round's spend is checked (`coevo.ledger.GateLedger`); with a
 rollout budget the comparison plans only as many val tasks as the rollouts left can pay for in
 the worst case (both arms on every planned task), so a round never overshoots its budget, and
@@ -95,7 +106,9 @@ def judge_gated(run: Any, r: int, incumbent: Incumbent,
                 pending: list[tuple[str, Candidate]]) -> list[Verdict]:
     """Sequential compare of each candidate with the round-start incumbent under C at the
     family's levels, then Holm over the family, then one winner per asset kind."""
-    arms = ArmScores(run, r, incumbent, GateLedger(run.store, run.id, r, run.cfg.budgets))
+    base, earlier = gate_seed(run, r, incumbent)
+    arms = ArmScores(run, r, incumbent, GateLedger(run.store, run.id, r, run.cfg.budgets),
+                     seed=base, prior=prior_incumbent_scores(run.store, run.id, earlier, base))
     m = sum(c.kind != "rubric" for _, c in pending)
     tested: list[tuple[int, Evidence]] = []
     out: list[Verdict | None] = [None] * len(pending)
@@ -112,12 +125,15 @@ def judge_gated(run: Any, r: int, incumbent: Incumbent,
                 out[i] = judge_rubric(run, r, incumbent, cand, arms)
                 continue
             evidence, _ = compare(arms.runner(incumbent.with_candidate(cand)), run.val, policy,
-                                  samples=run.cfg.splits.val_samples, seed=run.cfg.seed + r,
+                                  samples=run.cfg.splits.val_samples, seed=base,
                                   test_guard=run.test_ids, family_size=m)
         tested.append((i, evidence))
         kill_point(f"gate_candidate:{r}:{i}")
     for (i, evidence), d in zip(tested, decide_family([e for _, e in tested], run.cfg.gate, m)):
-        out[i] = (d, evidence)
+        reused = sum((p.task_id, seed_for(p.task_id, p.sample, base)) in arms.prior
+                     for p in evidence.pairs)
+        out[i] = (d.model_copy(update={"statistic": {
+            **d.statistic, "seed_base": float(base), "incumbent_reused": float(reused)}}), evidence)
     _one_winner_per_kind(out, [c for _, c in pending])
     return out  # type: ignore[return-value]
 
@@ -155,8 +171,8 @@ def judge_rubric(run: Any, r: int, incumbent: Incumbent, cand: Candidate,
     before = arms.ledger.spent.get("rollouts", 0.0)
     samples = run.cfg.splits.val_samples
     tasks = [t for t in run.val for _ in range(samples)]
-    seeds = [seed_for(t.id, s, run.cfg.seed + r) for t in run.val for s in range(samples)]
-    arms.score(incumbent, tasks, seeds, cache=True)  # fills the cache for every val task
+    seeds = [seed_for(t.id, s, arms.seed) for t in run.val for s in range(samples)]
+    arms.score(incumbent, tasks, seeds, cache=True, prior=False)  # this round's episodes, all val
     spent = int(arms.ledger.spent.get("rollouts", 0.0) - before)
     trajs = [t for e in arms.evaluations for t in run.store.trajectories(evaluation=e)]
     d, rows = validity_decision(incumbent.rubric, cand.asset, trajs, run.parts.env,
@@ -180,12 +196,47 @@ def _one_winner_per_kind(out: list[Any], cands: list[Candidate]) -> None:
                                            f"by a better accepted {cands[i].kind} this round"}), ev)
 
 
+def gate_seed(run: Any, r: int, incumbent: Incumbent) -> tuple[int, list[int]]:
+    """(The seed base of round r's gate, the earlier rounds gated with this same incumbent):
+    walking back from r - 1, every finished round that ended with these hashes and accepted
+    nothing was gated with them; the base is `seed + ` the stretch's first round (module
+    docstring, "Across rounds")."""
+    want = incumbent.hashes()
+    done = {x.index: x.summary for x in run.store.rounds(run.id) if x.status == "done"}
+    same, k = [], r - 1
+    while k in done and done[k].get("incumbent") == want and not done[k].get("accepted"):
+        same.append(k)
+        k -= 1
+    return run.cfg.seed + (same[-1] if same else r), same
+
+
+def prior_incumbent_scores(store: Any, run: str, rounds: list[int],
+                           base: int) -> dict[tuple[str, int], dict[str, float | None]]:
+    """{(task id, seed): incumbent score} from the evidence the decisions of `rounds` stored
+    (pairs whose incumbent side was scored) at seed base `base` (their `seed_base`)."""
+    out: dict[tuple[str, int], dict[str, float | None]] = {}
+    for k in rounds:
+        for p in store.proposals(run, round=k):
+            for d in store.decisions(p.id):
+                if (d.statistic or {}).get("seed_base") != base:
+                    continue  # another base (or a decision stored before bases were recorded)
+                for e in d.evidence:
+                    if e.incumbent is not None:
+                        out[(e.task_id, seed_for(e.task_id, e.sample, base))] = {
+                            "outcome": e.incumbent, "partial": e.incumbent_partial}
+    return out
+
+
 class ArmScores:
     """The gate's run_arm for round r: evaluate() on val tasks under checkpoint C for either
-    arm, with the seeds the gate gives, each evaluation keyed so a resumed round reuses it."""
+    arm, with the seeds the gate gives (base `seed`), each evaluation keyed so a resumed round
+    reuses it. `prior`: the incumbent's scores from earlier rounds of its stretch."""
 
-    def __init__(self, run: Any, r: int, inc: Incumbent, ledger: GateLedger):
+    def __init__(self, run: Any, r: int, inc: Incumbent, ledger: GateLedger,
+                 seed: int | None = None, prior: dict[tuple[str, int], Any] | None = None):
         self.run, self.r, self.inc, self.ledger = run, r, inc, ledger
+        self.seed = run.cfg.seed + r if seed is None else seed
+        self.prior = prior or {}  # incumbent arm, earlier rounds: (task id, seed) -> score
         self.cache: dict[tuple[str, int], Any] = {}  # incumbent arm: (task id, seed) -> score
         self.evaluations: list[str] = []  # the incumbent arm's (their episodes, for rubrics)
         self.count = 0  # evaluations asked for this round (run or reused): the kill points
@@ -196,8 +247,9 @@ class ArmScores:
         """Count the episodes run inside as `phase` (run.count): at most every task's samples
         for the candidate arm (`both`) plus those the incumbent arm has not cached; a
         sequential comparison that stops early ends its count where it stopped."""
-        samples, seed = self.run.cfg.splits.val_samples, self.run.cfg.seed + self.r
-        todo = sum((t.id, seed_for(t.id, s, seed)) not in self.cache
+        samples, seed = self.run.cfg.splits.val_samples, self.seed
+        known = self.cache.keys() | self.prior.keys() if both else self.cache.keys()
+        todo = sum((t.id, seed_for(t.id, s, seed)) not in known
                    for t in tasks for s in range(samples))
         self.phase, self.total, self.done = phase, todo + (len(tasks) * samples if both else 0), 0
         self.run.count(phase, 0, self.total)
@@ -215,13 +267,17 @@ class ArmScores:
             return self.score(self.inc if inc else candidate, tasks, seeds, cache=inc)
         return run_arm
 
-    def score(self, who: Incumbent, tasks: list[Any], seeds: list[int], *, cache: bool) -> list[Any]:
+    def score(self, who: Incumbent, tasks: list[Any], seeds: list[int], *, cache: bool,
+              prior: bool = True) -> list[Any]:
+        """Scores of `who` on (task, seed); the incumbent (`cache`) from this round's cache,
+        then (`prior`) from earlier rounds', evaluating only what neither has."""
         keys = [(t.id, s) for t, s in zip(tasks, seeds)]
-        todo = [(t, s) for t, s in zip(tasks, seeds) if not (cache and (t.id, s) in self.cache)]
+        known = ({**self.prior, **self.cache} if prior else self.cache) if cache else {}
+        todo = [(t, s) for t, s in zip(tasks, seeds) if (t.id, s) not in known]
         got = self._evaluate(who, todo) if todo else {}
         if cache:
             self.cache.update(got)
-            got = self.cache
+            got = {**known, **got}
         return [got.get(k) for k in keys]
 
     def _evaluate(self, who: Incumbent, entries: list[tuple[Any, int]]) -> dict[tuple[str, int], Any]:

@@ -199,9 +199,11 @@ def test_runs_page_lists_each_run_with_counts_scores_and_spend(client):
     assert re.search(r"review-demo harness-only test:code-word done 3 2 2 1 0 0 → 1 1 \[1, 1\]", body)
     assert re.search(r"review-short harness-only test:code-word done 2 1 0 0 0 0 → 0\.500", body)
     demo = re.search(r"review-demo .*?\] (\d+) (\d+) (\S+)", body)
-    # gate arms: round 0 incumbent + 2 candidates, rounds 1 and 2 incumbent + 1, x 12 tasks;
-    # the scripted proposer calls no model, so no proposer call is charged (coevo/ledger.py)
-    assert (demo.group(1), demo.group(2), demo.group(3)) == ("90", "84", "-")
+    # gate arms: round 0 incumbent + 2 candidates, round 1 incumbent + 1, round 2 the
+    # candidate only (round 1 accepted nothing: its incumbent outcomes are reused,
+    # coevo/gatestep.py), x 12 tasks; the scripted proposer calls no model, so no proposer
+    # call is charged (coevo/ledger.py)
+    assert (demo.group(1), demo.group(2), demo.group(3)) == ("78", "72", "-")
 
 
 def test_run_page_curve_starts_at_the_seed_and_links_every_round(client, store):
@@ -212,7 +214,7 @@ def test_run_page_curve_starts_at_the_seed_and_links_every_round(client, store):
     for r in range(3):
         assert f'href="/runs/{run.id}/rounds/{r}"' in page
     body = text(page)
-    assert "rollouts: gate rollouts (both arms) 84" in body and "rollouts: train rollouts (harness-only) 6" in body
+    assert "rollouts: gate rollouts (both arms) 72" in body and "rollouts: train rollouts (harness-only) 6" in body
     assert "test episodes (not charged) 6" in body
     assert re.search(r"harness [0-9a-f]{12} blame · lineage", body)
 

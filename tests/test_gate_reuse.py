@@ -1,0 +1,47 @@
+"""The gate reuses the incumbent's outcomes across rounds while the gated incumbent (assets
+and checkpoint) is unchanged: same seed base, the earlier rounds' stored evidence as the
+incumbent arm, nothing run or charged twice; a new checkpoint (RL) starts a new stretch."""
+
+from __future__ import annotations
+
+from test_loop import HELPS, NO_EFFECT, _run
+
+STYLE2 = {"kind": "harness", "changes": {"answer_format": "Be brief."}, "rationale": "style 2"}
+PER_ROUND = ({**NO_EFFECT, "round": 0}, {**STYLE2, "round": 1}, {**HELPS, "round": 2})
+
+
+def _decisions(store, run):
+    return {p.round: store.decisions(p.id)[0] for p in store.proposals(run)}
+
+
+def test_unchanged_incumbent_is_scored_once_across_rounds(tmp_path):
+    """harness-only (no checkpoint), rounds 0 and 1 accept nothing: rounds 1 and 2 compare
+    with the incumbent outcomes round 0 stored (12 val tasks), run only the candidate arm, and
+    charge 12 gate rollouts instead of 24; the verdicts are those of a fresh incumbent arm."""
+    cfg, store, _, res = _run(tmp_path, "harness-only", PER_ROUND, rounds=3,
+                              budgets={"patience": None})
+    dec = _decisions(store, res.run)
+    assert [dec[r].accepted for r in range(3)] == [False, False, True]
+    assert {dec[r].statistic["seed_base"] for r in range(3)} == {float(cfg.seed)}
+    assert [dec[r].statistic["incumbent_reused"] for r in range(3)] == [0.0, 12.0, 12.0]
+    # the same pairs' incumbent side: round 0's stored outcomes
+    inc = [{(e.task_id, e.sample): e.incumbent for e in dec[r].evidence} for r in range(3)]
+    assert inc[0] == inc[1] == inc[2] and len(inc[0]) == 12
+    assert {(e.incumbent, e.candidate) for e in dec[2].evidence} == {(0.0, 1.0)}
+    train = cfg.splits.train_n * cfg.splits.train_samples  # harness-only train rollouts
+    spent = [store.budget_totals(res.run, round=r)["rollouts"] - train for r in range(3)]
+    assert spent == [24.0, 12.0, 12.0]
+    # and after the accepted revision the incumbent is new: the next stretch starts over
+    assert store.rounds(res.run)[2].summary["accepted"]
+
+
+def test_a_new_checkpoint_starts_a_new_stretch(tmp_path):
+    """gated mode: RL leaves a new checkpoint every round, so each round has its own seed
+    base and scores the incumbent arm itself."""
+    cfg, store, _, res = _run(tmp_path, "gated", PER_ROUND[:2], rounds=2,
+                              budgets={"patience": None})
+    dec = _decisions(store, res.run)
+    assert [dec[r].statistic["seed_base"] for r in range(2)] == [cfg.seed, cfg.seed + 1.0]
+    assert [dec[r].statistic["incumbent_reused"] for r in range(2)] == [0.0, 0.0]
+    ck = [store.rounds(res.run)[r].summary["incumbent"]["checkpoint"] for r in range(2)]
+    assert ck[0] != ck[1]
