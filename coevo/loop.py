@@ -70,6 +70,7 @@ from coevo.propose.base import (
 )
 from coevo.propose.feedback import verifier_feedback
 from coevo.reviewstep import review_step
+from coevo.runtime import runtime_info
 from coevo.traces import imported_traces
 
 log = logging.getLogger("coevo.loop")
@@ -293,7 +294,8 @@ def find_or_create_run(cfg: RunConfig, store: Any, parts: Parts, resume: str | N
         check_frozen(cfg.splits.frozen, parts.env, {"val": cfg.splits.val_n, "test": cfg.splits.test_n})
     if resume is None:
         seed = seed_incumbent(cfg, store)
-        return store.create_run(cfg.name, config={"config": dump, "seed": seed.hashes()},
+        return store.create_run(cfg.name, config={"config": dump, "seed": seed.hashes(),
+                                                  "runtime": runtime_info()},
                                 mode=cfg.mode, status="running")
     rec = store.get_run(resume)
     stored = with_defaults(rec.config.get("config", {}))
