@@ -158,6 +158,7 @@ def run_method(name: str, over: dict[str, Any], cfg: Any, seed: int, store: Any,
                    split="val", samples=1, seed=cfg.seed, checkpoint=res.checkpoint, run=run.id)
     return {"method": name, "seed": seed, "val": val.mean,
             "tasks": {t.task_id: t.outcome for t in val.tasks if t.outcome is not None},
+            "rewards": {t.task_id: t.reward for t in val.tasks if t.reward is not None},
             "signal": sum(s.signal_fraction for s in steps) / len(steps) if steps else None,
             "teacher_weight": [s.teacher_weight for s in steps],
             "teacher_reward": [s.teacher_reward for s in steps],
@@ -165,9 +166,12 @@ def run_method(name: str, over: dict[str, Any], cfg: Any, seed: int, store: Any,
             "seconds": time.perf_counter() - t0}
 
 
-def table(rows: list[dict[str, Any]], names: list[str]) -> list[str]:
-    """One line per method: val [CI], paired diff vs default [CI], signal fraction, seconds."""
+def table(rows: list[dict[str, Any]], names: list[str], metric: str = "outcome") -> list[str]:
+    """One line per method: val [CI], paired diff vs default [CI], signal fraction, seconds.
+    `metric`: the per-task outcome, or the rubric reward ("reward": partial credit included)."""
     f = lambda x, s="": "-" if x is None else f"{x:{s}.3f}"  # noqa: E731
+    col = "rewards" if metric == "reward" else "tasks"
+    rows = [{**r, "tasks": r.get(col, {})} for r in rows]
     base = {r["seed"]: r["tasks"] for r in rows if r["method"] == DEFAULT}
     lines = [f"{'method':10} {'val [95%]':>24} {'vs default [95%]':>26} {'signal':>7} {'seconds':>8}"]
     for name in names:
@@ -207,11 +211,14 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                     "same config and seeds: combine them with --report)")
     ap.add_argument("--report", type=Path, nargs="+", default=None, metavar="JSON",
                     help="print the table from saved methods.json files (run nothing)")
+    ap.add_argument("--metric", choices=("outcome", "reward"), default="outcome",
+                    help="the table's per-task value: the verified outcome (default) or the "
+                    "rubric reward (partial credit included; rows saved with it)")
     a = ap.parse_args(argv)
     if a.report:
         rows = [r for f in a.report for r in json.loads(f.read_text())]
         names = list(dict.fromkeys([DEFAULT, *(r["method"] for r in rows)]))
-        print("\n".join(table(rows, names)))
+        print("\n".join(table(rows, names, a.metric)))
         return rows
 
     from coevo.config import RunConfig
@@ -252,7 +259,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     print(f"\n{cfg.env}: {len(rows) // len(names)} seed(s) x {len(names)} methods, "
           f"{cfg.rl.stage.steps} RL steps x {cfg.rl.stage.tasks_per_step} tasks x G "
           f"{cfg.rl.stage.samples}, val n={cfg.splits.val_n}; data {out / 'methods.json'}")
-    print("\n".join(table(rows, names)))
+    print("\n".join(table(rows, names, a.metric)))
     return rows
 
 

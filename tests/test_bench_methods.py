@@ -72,3 +72,19 @@ def test_teacher_demos_file_feeds_the_distill_teacher_and_bad_files_name_the_fie
         methods.demos_file(bad)
     msg = str(err.value)
     assert "\n" not in msg and str(bad) in msg and "messages" in msg and "assistant" in msg
+
+
+def test_report_on_the_reward_metric_reads_the_rows_rewards(tmp_path, capsys):
+    """--metric reward: the table is built from each row's per-task rubric rewards (what the
+    bfcl-multi rows differ in, where every outcome is 0), paired with default within seed."""
+    rows = [{"method": m, "seed": 0, "val": 0.0, "signal": 0.5, "seconds": 1.0,
+             "tasks": {"a": 0.0, "b": 0.0}, "rewards": {"a": ra, "b": rb}}
+            for m, ra, rb in [("default", 0.2, 0.4), ("gigpo", 0.3, 0.7)]]
+    f = tmp_path / "m.json"
+    f.write_text(json.dumps(rows))
+    methods.main(["--report", str(f), "--metric", "reward"])
+    gigpo = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("gigpo")).split()
+    assert gigpo[1] == "0.500" and gigpo[4] == "+0.200"
+    methods.main(["--report", str(f)])  # the outcome: all ties
+    gigpo = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("gigpo")).split()
+    assert gigpo[1] == "0.000" and gigpo[4] == "+0.000"
