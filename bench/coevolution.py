@@ -285,8 +285,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--data", type=Path, default=None,
                     help=f"the page's data JSON (default {DATA.relative_to(REPO)}; --small: in --out)")
     ap.add_argument("--modes", default=",".join(MODE_ORDER),
-                    help="modes to run, in this order (the table always lists the four "
-                         f"co-evolution modes); opt-in peer methods: {', '.join(PEER_MODES)}")
+                    help="modes to run first, in this order; the four co-evolution modes "
+                         "always run after them (the table compares them); opt-in peer "
+                         f"methods: {', '.join(PEER_MODES)}")
     ap.add_argument("--report-only", action="store_true",
                     help="rebuild RESULTS.md from --data; run nothing")
     a = ap.parse_args(argv)
@@ -319,7 +320,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if unknown:
         raise CoevoError(f"--modes: unknown {', '.join(unknown)}; known: "
                          f"{', '.join(MODE_ORDER + PEER_MODES)}")
-    order += [m for m in MODE_ORDER if m not in order]  # the rest still count as not run
+    order += [m for m in MODE_ORDER if m not in order]  # the table needs all four
     # Finished (env, seed, mode) runs are appended to runs.jsonl as they end, so a bench that
     # was stopped (or is re-run with more seeds into the same --out) redoes none of them.
     ledger = out / "runs.jsonl"
