@@ -81,7 +81,7 @@ def test_the_loop_refuses_to_start_on_a_changed_val_set(tmp_path):
 
 
 def test_shipped_configs_name_frozen_files_that_match():
-    for name in ("quickstart.yaml", "bench/arithmetic.yaml"):
+    for name in ("quickstart.yaml", "bench/arithmetic.yaml", "bench/arithmetic-rl.yaml"):
         cfg = RunConfig.load(REPO / "training" / name)
         env = make_env(cfg.env)
         check_frozen(cfg.splits.frozen, env, {"val": cfg.splits.val_n, "test": cfg.splits.test_n})
