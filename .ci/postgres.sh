@@ -9,6 +9,7 @@
 # The cluster is private to coevo (its own data folder and port), so it never touches a
 # system cluster. Durability is switched off (fsync, synchronous_commit, full_page_writes):
 # test databases are created and dropped by the hundred and nothing in them must survive.
+# Autovacuum is off too: it has nothing to do in them, and its workers race the drops.
 #
 # Settings (environment): COEVO_PG_DATA (data folder, default /var/tmp/coevo-pg),
 # COEVO_PG_PORT (default 54329).
@@ -70,7 +71,7 @@ fi
 if ! as_pg "$BIN/pg_ctl" -D "$DATA" status >/dev/null 2>&1; then
     log "starting the server on 127.0.0.1:$PORT"
     as_pg "$BIN/pg_ctl" -D "$DATA" -l "$DATA/server.log" -w -t 60 \
-        -o "-c listen_addresses=127.0.0.1 -p $PORT -k $DATA -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200" \
+        -o "-c listen_addresses=127.0.0.1 -p $PORT -k $DATA -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c autovacuum=off -c max_connections=200" \
         start >&2 || { log "server failed to start; its log:"; tail -n 30 "$DATA/server.log" >&2; exit 1; }
 fi
 
@@ -80,6 +81,10 @@ if [[ "$(psql_su -c "SELECT 1 FROM pg_roles WHERE rolname = '$ROLE'")" != "1" ]]
     log "creating role $ROLE"
     psql_su -c "CREATE ROLE $ROLE LOGIN CREATEDB PASSWORD '$PASSWORD'" >&2
 fi
+# The tests drop each database WITH (FORCE), which terminates whatever is still connected to
+# it: an autovacuum worker of a server started without autovacuum=off (one already running)
+# is not the role's own process, and without pg_signal_backend the drop fails.
+psql_su -c "GRANT pg_signal_backend TO $ROLE" >&2
 if [[ "$(psql_su -c "SELECT 1 FROM pg_database WHERE datname = '$DB'")" != "1" ]]; then
     log "creating database $DB"
     psql_su -c "CREATE DATABASE $DB OWNER $ROLE" >&2

@@ -5,6 +5,7 @@ budgets, and all-or-nothing writes."""
 from __future__ import annotations
 
 import doctest
+import os
 import itertools
 import random
 
@@ -449,3 +450,21 @@ def test_two_processes_storing_the_same_versions_both_succeed(db_url):
     members = store.get_library(store.resolve("skill_library", "lib").hash)[1]
     assert sorted(s.name for s in members) == sorted(f"s{i}" for i in range(30))
     store.close()
+
+
+def test_the_test_server_lets_the_role_drop_a_database_in_use():
+    """Every PostgreSQL test database is dropped WITH (FORCE) at teardown, which terminates
+    the backends still on it; an autovacuum worker there is not the role's own process, and
+    the drop failed the teardown once in CI. .ci/postgres.sh grants the role
+    pg_signal_backend and starts its server with autovacuum off."""
+    url = os.environ.get("COEVO_TEST_PG_URL")
+    if not url:
+        pytest.skip("no PostgreSQL server (set COEVO_TEST_PG_URL)")
+    import sqlalchemy as sa
+
+    eng = sa.create_engine(url)
+    with eng.connect() as c:
+        member = c.execute(sa.text(
+            "SELECT pg_has_role(current_user, 'pg_signal_backend', 'USAGE')")).scalar()
+    eng.dispose()
+    assert member is True
