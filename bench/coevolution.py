@@ -189,7 +189,7 @@ def run_mode(base: RunConfig, mode: str, seed: int, budget: float, store: Any, *
     out = {"env": base.env, "config": base.name, "mode": mode, "seed": seed, "run": run_id,
            "rounds": rounds, "tail_rounds": tail, "curve": curve, "spent": totals,
            "cost": cost(totals), "proposals": proposal_counts(store, run_id), "tests": final,
-           "seconds": time.perf_counter() - t0}
+           "seed_test": seed_test(store, run_id, base.env), "seconds": time.perf_counter() - t0}
     del parts
     gc.collect()
     return out
@@ -216,6 +216,22 @@ def final_tests(store: Any, run_id: str, cfg: RunConfig, parts: Any, seed: int) 
                      "evaluation": res.evaluation, "infra_failures": res.n_infra_failures}
         _say(f"  final {spec}: {res.line()}")
     return out
+
+
+def seed_test(store: Any, run_id: str, env: str) -> dict[str, Any] | None:
+    """The seed incumbent (seed assets, base model) on the test split, as round 0 scored it
+    when the config has `splits.seed_test`: the same test tasks and sampling seeds as the
+    final test, so the two pair per task. Per task the mean outcome of its scored episodes."""
+    ev = (store.get_round(run_id, 0).summary.get("evaluations") or {}).get("test_start")
+    if not ev:
+        return None
+    per: dict[str, list[float]] = {}
+    for t in store.trajectories(evaluation=ev):
+        if not t.infra_failed and t.outcome is not None:
+            per.setdefault(t.task_id, []).append(float(t.outcome))
+    tasks = {k: sum(v) / len(v) for k, v in per.items()}
+    return {env: {"mean": sum(tasks.values()) / len(tasks) if tasks else None, "tasks": tasks,
+                  "evaluation": ev}}
 
 
 def test_details(store: Any, env: Any, evaluation: str) -> dict[str, float]:
@@ -282,8 +298,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     help="real samples of each val task the null check draws from (default 8; small 4)")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--results", type=Path, default=REPO / "docs" / "RESULTS.md")
-    ap.add_argument("--data", type=Path, default=None,
-                    help=f"the page's data JSON (default {DATA.relative_to(REPO)}; --small: in --out)")
+    ap.add_argument("--data", type=Path, action="append", default=None,
+                    help=f"the page's data JSON (default {DATA.relative_to(REPO)}; --small: in "
+                         "--out); with --report-only it may be given again: one page, a section "
+                         "per data set")
     ap.add_argument("--modes", default=",".join(MODE_ORDER),
                     help="modes to run first, in this order; the four co-evolution modes "
                          "always run after them (the table compares them); opt-in peer "
@@ -292,11 +310,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     help="rebuild RESULTS.md from --data; run nothing")
     a = ap.parse_args(argv)
     if a.report_only:
-        data = a.data or DATA
-        report = load_data(data)
-        path = write_results(report, a.results)
-        _say(f"rebuilt {path} from {data}")
-        return report
+        data = a.data or [DATA]
+        reports = [load_data(d) for d in data]
+        path = write_results(reports, a.results)
+        _say(f"rebuilt {path} from {', '.join(map(str, data))}")
+        return reports[0] if len(reports) == 1 else reports
+    if a.data and len(a.data) > 1:
+        raise CoevoError("--data: a run writes one data file (several only with --report-only)")
     seeds = a.seeds or (1 if a.small else 2)
     units = a.budget or (100 if a.small else 320)
     draws = a.null_draws or (4 if a.small else 8)
@@ -305,7 +325,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     out = (a.out or REPO / "bench" / "out" / "coevolution" / stamp).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    data_path = a.data or (out / "coevolution.json" if a.small else DATA)
+    data_path = a.data[0] if a.data else (out / "coevolution.json" if a.small else DATA)
     from coevo.store import Store
 
     store = Store.open(f"sqlite:///{out / 'bench.db'}")
@@ -339,7 +359,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for seed in range(seeds):
             for mode in order:
                 if (b.env, seed, mode) in done:
-                    runs.append(done[(b.env, seed, mode)])
+                    r = done[(b.env, seed, mode)]
+                    if "seed_test" not in r:  # a ledger written before runs kept it
+                        r["seed_test"] = seed_test(store, r["run"], b.env)
+                    runs.append(r)
                     reused += 1
                     _say(f"[bold]{b.name}[/bold] seed {seed} mode {mode}: done before, reused")
                     continue
@@ -357,7 +380,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         outcomes = json.loads(outcomes_file.read_text())
         null = simulate(outcomes, null_base.gate, a.null_n) | {"outcomes": outcomes["tasks"]}
         _say(f"null check: {null['accepted']}/{null['n']} accepted (95% upper bound {_f(null['upper95'])})")
-    report = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    report = {"name": ",".join(envs),
+              "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
               "command": "python bench/coevolution.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "small": a.small, "seeds": seeds, "budget": budgets,
               "budget_units": None if a.budget_tokens else units,

@@ -56,15 +56,63 @@ def per_seed(runs: list[dict[str, Any]], spec: str) -> list[list[float]]:
     return [list(r["tests"].get(spec, {}).get("tasks", {}).values()) for r in runs]
 
 
-def paired_groups(a: list[dict], b: list[dict], spec: str) -> list[list[float]]:
-    """Per seed, the differences a - b on the test tasks both scored."""
-    by_seed = {r["seed"]: r["tests"].get(spec, {}).get("tasks", {}) for r in b}
+def seed_groups(runs: list[dict[str, Any]], env: str) -> dict[int, dict[str, float]]:
+    """Per seed, the seed incumbent's per-task test outcomes (`splits.seed_test`, round 0 of
+    each run: every mode of a seed starts from the same seed assets and base model, so the
+    first run of the seed that scored it stands for all)."""
+    out: dict[int, dict[str, float]] = {}
+    for r in sorted(runs, key=lambda r: r["seed"]):
+        st = (r.get("seed_test") or {}).get(env)
+        if st and st.get("tasks") and r["seed"] not in out:
+            out[r["seed"]] = st["tasks"]
+    return out
+
+
+def paired_vs(a: list[dict], by_seed: dict[int, dict[str, float]], spec: str) -> list[list[float]]:
+    """Per seed, the differences between a's test outcomes and `by_seed`'s on shared tasks."""
     out = []
     for r in a:
-        other = by_seed.get(r["seed"], {})
-        mine = r["tests"].get(spec, {}).get("tasks", {})
-        out.append([v - other[t] for t, v in mine.items() if t in other])
+        other = by_seed.get(r["seed"])
+        if other is not None:
+            mine = r["tests"].get(spec, {}).get("tasks", {})
+            out.append([v - other[t] for t, v in mine.items() if t in other])
     return out
+
+
+def verdict(lo: float | None, hi: float | None, a: str, b: str) -> str:
+    """What a paired interval says: a side wins only when the interval excludes 0."""
+    if lo is not None and lo > 0:
+        return f"{a} beats {b}"
+    if hi is not None and hi < 0:
+        return f"{b} beats {a}"
+    return "not resolved (the interval holds 0)"
+
+
+def _paired_section(env: str, runs: list[dict]) -> list[str]:
+    """Gated against every other mode, and every mode against the seed incumbent when the
+    runs scored it: the differences on the test split, paired per seed and task."""
+    by_mode = {m: sorted((r for r in runs if r["mode"] == m), key=lambda r: r["seed"])
+               for m in ALL_MODES}
+    rows = []
+    if by_mode["gated"]:
+        for m in ALL_MODES:
+            if m != "gated" and by_mode[m]:
+                other = {r["seed"]: r["tests"].get(env, {}).get("tasks", {}) for r in by_mode[m]}
+                rows.append(("gated", m, paired_vs(by_mode["gated"], other, env)))
+    seeds = seed_groups(runs, env)
+    if seeds:
+        rows += [(m, "seed incumbent", paired_vs(by_mode[m], seeds, env))
+                 for m in ALL_MODES if by_mode[m]]
+    if not rows:
+        return []
+    lines = ["Paired differences on the test split (per seed, the same tasks and sampling "
+             "seeds; 95% cluster bootstrap over seeds, then tasks):", "",
+             "| comparison | difference [95% CI] | seeds x tasks | verdict |", "|---|---|---|---|"]
+    for a, b, groups in rows:
+        d, lo, hi = cluster_bootstrap(groups)
+        lines.append(f"| {a} - {b} | {_f(d)} [{_f(lo)}, {_f(hi)}] | {len(groups)} x "
+                     f"{min(map(len, groups), default=0)} | {verdict(lo, hi, a, b)} |")
+    return lines + [""]
 
 
 def _f(x: float | None, d: int = 3) -> str:
@@ -149,13 +197,44 @@ def _spend_rows(runs: list[dict]) -> list[str]:
     return lines
 
 
-def write_results(rep: dict[str, Any], path: Path) -> Path:
-    """Write docs/RESULTS.md (and one PNG per env next to it) from the bench's report dict."""
+TITLE = "Co-evolution benchmark: weight-only vs harness-only vs ungated vs gated"
+
+
+def dataset_name(rep: dict[str, Any]) -> str:
+    """A data set's name: the --envs it ran (stored as `name`; older data: from its command)."""
+    if rep.get("name"):
+        return rep["name"]
+    words = rep.get("command", "").split()
+    return words[words.index("--envs") + 1] if "--envs" in words[:-1] else "bfcl,arithmetic"
+
+
+def write_results(reps: dict[str, Any] | list[dict[str, Any]], path: Path) -> Path:
+    """Write docs/RESULTS.md (and one PNG per env next to it) from the bench's report dict,
+    or from several (one section per data set, each with its own header and configs)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    reps = [reps] if isinstance(reps, dict) else list(reps)
+    if len(reps) == 1:
+        lines = [f"# {TITLE}", "", *_dataset(reps[0], path.parent, "##", "")]
+    else:
+        files = " ".join(f"--data {r.get('data', '?')}" for r in reps)
+        lines = [f"# {TITLE}", "", f"{len(reps)} data sets of `bench/coevolution.py`, each "
+                 "with its own command, machine, budget and configs (rebuild the page with "
+                 f"`python bench/coevolution.py --report-only {files}`); do not edit by hand.", ""]
+        for rep in reps:
+            name = dataset_name(rep)
+            lines += [f"## Data set `{name}`", "",
+                      *_dataset(rep, path.parent, "###", _slug(name.replace(",", "-")) + "-")]
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path
+
+
+def _dataset(rep: dict[str, Any], folder: Path, h: str, tag: str) -> list[str]:
+    """One data set's part of the page: its header, per env the table (headings `h`), plot
+    (`coevolution-<tag><env>.png` in `folder`), spend and paired differences, the null check
+    and the configs."""
     lines = [
-        "# Co-evolution benchmark: weight-only vs harness-only vs ungated vs gated",
-        "", f"Generated by `bench/coevolution.py` on {rep['date']} from `{rep.get('data', 'bench/data/coevolution.json')}` "
+        f"Generated by `bench/coevolution.py` on {rep['date']} from `{rep.get('data', 'bench/data/coevolution.json')}` "
         f"(rebuild with `--report-only`); do not edit by hand. Command: `{rep['command']}`"
         + (" (**--small smoke run: the numbers mean nothing**)" if rep["small"] else ""),
         "", f"- Machine: {rep['machine']}",
@@ -192,39 +271,35 @@ def write_results(rep: dict[str, Any], path: Path) -> Path:
         runs = [r for r in rep["runs"] if r["env"] == env]
         specs = list(dict.fromkeys(s for r in runs for s in r["tests"]))
         detail_keys = sorted({k for r in runs for k in r["tests"].get(env, {}).get("details", {})})
-        lines += [f"## {env}", "", f"Base model val score: {_f(rep['base_val'].get(env))}", ""]
+        lines += [f"{h} {env}", "", f"Base model val score: {_f(rep['base_val'].get(env))}", ""]
         head = ["mode", *(f"test {s.split('?')[0]} mean [95% CI]" for s in specs), "per seed",
                 *detail_keys, "spent per seed (tokens)", "rounds", "accepted / rejected (budget) / invalid"]
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        seeds = seed_groups(runs, env)
+        if seeds:  # the untrained seed incumbent on the same test tasks (splits.seed_test)
+            m, lo, hi = cluster_bootstrap(list(map(list, (t.values() for t in seeds.values()))))
+            cells = ["seed incumbent (round 0)", *(f"{_f(m)} [{_f(lo)}, {_f(hi)}]" if s == env
+                                                   else "-" for s in specs),
+                     ", ".join(_f(sum(t.values()) / len(t)) for t in seeds.values())]
+            lines.append("| " + " | ".join(cells + ["-"] * (len(head) - len(cells))) + " |")
         for mode in ALL_MODES:
             mr = sorted((r for r in runs if r["mode"] == mode), key=lambda r: r["seed"])
             if mr:
                 lines.append(_mode_row(env, mode, mr, specs, detail_keys))
-        png = plot_curves(env, runs, path.parent / f"coevolution-{_slug(env)}.png")
+        png = plot_curves(env, runs, folder / f"coevolution-{tag}{_slug(env)}.png")
         lines += ["", f"![val score vs tokens]({png.name})", "",
                   "Val curve: the loop's round summaries (whole val split, uncharged); the first "
                   "point of each line is the seed incumbent at 0 tokens.", "", "Spend:", "",
                   *_spend_rows(runs), ""]
-        g, w = [r for r in runs if r["mode"] == "gated"], [r for r in runs if r["mode"] == "weight-only"]
-        if g and w:
-            groups = paired_groups(g, w, env)
-            d, lo, hi = cluster_bootstrap(groups)
-            verdict = ("gated beats weight-only" if lo is not None and lo > 0 else
-                       "weight-only beats gated" if hi is not None and hi < 0 else
-                       "no difference resolved between gated and weight-only")
-            lines += [f"**Gated - weight-only** on the test split: {_f(d)} (95% CI [{_f(lo)}, "
-                      f"{_f(hi)}], cluster bootstrap over {len(groups)} seed(s) x "
-                      f"{sum(map(len, groups))} paired task results): {verdict} at this budget.", ""]
-    lines += _null_section(rep.get("null"))
+        lines += _paired_section(env, runs)
+    lines += _null_section(rep.get("null"), h)
     # Paths relative to the repository, so the page reads the same on any checkout.
     configs = json.dumps(rep["configs"], indent=1).replace(f"{REPO}/", "").replace(f'"{REPO}"', '"."')
-    lines += ["## Configs", "", "```json", configs, "```", ""]
-    path.write_text("\n".join(lines), encoding="utf-8")
-    return path
+    return lines + [f"{h} Configs", "", "```json", configs, "```", ""]
 
 
-def _null_section(null: dict[str, Any] | None) -> list[str]:
-    lines = ["## False-accept check (null candidates)", ""]
+def _null_section(null: dict[str, Any] | None, h: str = "##") -> list[str]:
+    lines = [f"{h} False-accept check (null candidates)", ""]
     if not null:
         return lines + ["Not run (--null-n 0).", ""]
     pol = null["policy"]

@@ -203,6 +203,58 @@ def test_report_only_rebuilds_the_page_from_the_data_json(tmp_path):
         bench.main(["--report-only", "--data", str(tmp_path / "none.json"), "--results", str(page)])
 
 
+def test_page_pairs_gated_with_every_mode_and_every_mode_with_the_seed_incumbent(tmp_path):
+    """With the seed incumbent's test outcomes (splits.seed_test) the table gets its row and
+    every mode a paired difference against it; gated is paired with every other mode. The
+    verdict names a winner only when the interval excludes 0."""
+    rep = _report(tmp_path)
+    for r in rep["runs"]:
+        r["seed_test"] = {"toy:env": {"mean": 0.0, "tasks": {f"t{i}": 0.0 for i in range(12)}}}
+        if r["mode"] == "gated":  # solves every task: beats the seed at both seeds
+            r["tests"]["toy:env"]["tasks"] = {f"t{i}": 1.0 for i in range(12)}
+    rep["runs"][0]["seed_test"] = None  # seed 0 of weight-only did not score it: another run did
+    text = report.write_results(rep, tmp_path / "RESULTS.md").read_text()
+    seed_row = next(line for line in text.splitlines() if line.startswith("| seed incumbent"))
+    assert "| 0.000 [0.000, 0.000] | 0.000, 0.000 |" in seed_row
+    rows = {c[0]: c for c in (
+        [x.strip() for x in line.strip("|").split("|")] for line in text.splitlines()
+        if line.startswith("| ") and " - " in line.split("|")[1])}
+    assert rows["gated - seed incumbent"][1:] == [
+        "1.000 [1.000, 1.000]", "2 x 12", "gated beats seed incumbent"]
+    ho = [r for r in rep["runs"] if r["mode"] == "harness-only"]
+    want = report.cluster_bootstrap([[v - 1.0 for v in r["tests"]["toy:env"]["tasks"].values()]
+                                     for r in ho])
+    assert rows["gated - harness-only"][1:3] == [
+        f"{-want[0]:.3f} [{-want[2]:.3f}, {-want[1]:.3f}]", "2 x 12"]
+    assert rows["gated - harness-only"][3] == "gated beats harness-only"
+    assert set(rows) == {"gated - weight-only", "gated - harness-only", "gated - ungated",
+                         *(f"{m} - seed incumbent" for m in report.MODE_ORDER)}
+    assert report.verdict(-0.1, 0.2, "a", "b").startswith("not resolved")
+    assert report.verdict(-0.3, -0.1, "a", "b") == "b beats a"
+
+
+def test_report_only_puts_several_data_sets_on_one_page(tmp_path):
+    a, b = _report(tmp_path), _report(tmp_path)
+    b["name"] = "toy-rl"
+    b["runs"] = [r for r in b["runs"] if r["seed"] == 0]
+    files = [tmp_path / "a.json", tmp_path / "b.json"]
+    for rep, f in zip((a, b), files):
+        report.write_data(rep, f)
+    page = tmp_path / "docs" / "RESULTS.md"
+    bench.main(["--report-only", "--data", str(files[0]), "--data", str(files[1]),
+                "--results", str(page)])
+    text = page.read_text()
+    assert text.count("## Data set `") == 2 and "## Data set `toy-rl`" in text
+    assert "## Data set `bfcl,arithmetic`" in text  # older data: the command's default envs
+    first, second = text.split("## Data set `toy-rl`")
+    assert first.count("### toy:env") == second.count("### toy:env") == 1
+    assert "| 2 x 12 |" in first and "| 1 x 12 |" in second  # each section its own runs
+    pngs = sorted(p.name for p in page.parent.glob("*.png"))
+    assert pngs == ["coevolution-bfcl-arithmetic-toy-env.png", "coevolution-toy-rl-toy-env.png"]
+    with pytest.raises(bench.CoevoError, match="a run writes one data file"):
+        bench.main(["--data", str(files[0]), "--data", str(files[1]), "--out", str(tmp_path / "o")])
+
+
 def test_null_candidate_is_admissible_and_invisible_to_the_model(tmp_path):
     from coevo.assets.io import load_seed_dir
     from coevo.propose.base import Incumbent, check_candidate
