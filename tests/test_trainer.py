@@ -372,3 +372,48 @@ def test_gigpo_estimator_trains_on_a_group_grpo_skips():
         stats = trainer.step(trajs)
         changed = any(not torch.equal(b, p) for b, p in zip(before, trainer.trainable_parameters()))
         assert (stats.updated, changed, stats.signal_fraction) == (moves, moves, float(moves))
+
+
+def test_a_gpu_trainer_resumes_its_checkpoint_with_the_cuda_rng_state(tmp_path, monkeypatch):
+    """A GPU trainer's checkpoint holds the CUDA generators' states; torch's setter takes CPU
+    byte tensors only ("RNG state must be a torch.ByteTensor" for a state on the GPU, which
+    bench/gpu_check_hf.py met on an H200 when the state file was loaded onto the trainer's
+    device). Emulated here: CUDA reported available, its RNG calls recorded, the trainer on
+    "cuda", and torch.load marking what it would place on a non-CPU device."""
+    import coevo.rl.lora as lora
+
+    cuda_state = [torch.arange(16, dtype=torch.uint8)]
+    restored: list = []
+
+    class OnDevice:  # a tensor torch.load placed on the GPU
+        def __init__(self, t, device):
+            self.t, self.device = t, device
+
+    def set_rng_state_all(states):
+        for s in states:
+            if not (isinstance(s, torch.Tensor) and s.device.type == "cpu" and s.dtype == torch.uint8):
+                raise TypeError("RNG state must be a torch.ByteTensor")
+        restored.extend(states)
+
+    real_load, real_load_file = torch.load, lora.load_file
+
+    def load(path, map_location=None, **kw):
+        state = real_load(path, map_location="cpu", **kw)
+        if str(map_location) != "cpu":
+            state["rng"]["cuda"] = [OnDevice(t, map_location) for t in state["rng"]["cuda"]]
+        return state
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: [t.clone() for t in cuda_state])
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", set_rng_state_all)
+    monkeypatch.setattr(lora.torch, "load", load)
+    monkeypatch.setattr(lora, "load_file", lambda path, device=None: real_load_file(path, device="cpu"))
+
+    trainer = Trainer(tiny_model(), TrainConfig(lr=1e-2))
+    trainer.step(sample_batch(tiny_model()))
+    info = save_checkpoint(trainer, tmp_path / "ck")
+    resumed = Trainer(tiny_model(), TrainConfig(lr=1e-2))
+    monkeypatch.setattr(resumed, "device", torch.device("cuda"))
+    assert load_checkpoint(resumed, tmp_path / "ck").step == info.step == 1
+    assert len(restored) == 1 and torch.equal(restored[0], cuda_state[0])
+    assert resumed.step_count == 1

@@ -153,13 +153,15 @@ def load_checkpoint(trainer: "Trainer", directory: str | Path) -> CheckpointInfo
     state_path = d / STATE_FILE
     if not state_path.is_file():
         raise CheckpointError(f"{state_path}: missing")
-    state = torch.load(state_path, map_location=trainer.device, weights_only=True)
+    # On the CPU: torch's RNG setters take CPU byte tensors only (a CUDA generator's state
+    # mapped to the GPU is refused), and the optimizer's load_state_dict moves its state to
+    # each parameter's device itself.
+    state = torch.load(state_path, map_location="cpu", weights_only=True)
     names = [n for n, _ in trainer.named_trainable_parameters()]
     if state["param_names"] != names:
         raise CheckpointError(f"{state_path}: param_names: the optimizer state was saved for "
                               "different trainable parameters (other LoRA settings?)")
     trainer.optimizer.load_state_dict(state["optimizer"])
-    state["rng"]["torch"] = state["rng"]["torch"].cpu()
     _set_rng_state(state["rng"])
     trainer.step_count = int(state["step"])
     trainer.teacher.load_state_dict(state.get("teacher") or {})  # absent: saved before teachers
