@@ -238,6 +238,18 @@ def _stat(d: DecisionRecord | None, *keys: str) -> float | None:
     return None
 
 
+def _mean_diff(d: DecisionRecord | None) -> float | None:
+    """The decision's mean paired difference (candidate - incumbent per val task): the gate's
+    `mean_diff`; a peer mode's (coevo/modes/) val-mean rule stored the candidate's val mean and
+    the one it was compared with (the incumbent's under the same checkpoint and seeds, or fst's
+    parent member's), whose difference is that mean over the same tasks."""
+    direct = _stat(d, "mean_diff")
+    if direct is not None:
+        return direct
+    cand, ref = _stat(d, "val_mean"), _stat(d, "incumbent_val_mean", "parent_val_mean")
+    return cand - ref if cand is not None and ref is not None else None
+
+
 def proposal_rows(store: Store, run: str | None = None, status: str | None = None) -> list[ProposalRow]:
     """Proposals (oldest first) with the latest decision's reason and the gate's headline
     statistics."""
@@ -250,7 +262,7 @@ def proposal_rows(store: Store, run: str | None = None, status: str | None = Non
         out.append(ProposalRow(
             id=p.id, run=p.run, round=p.round, proposer=p.proposer, kind=p.kind,
             status=p.status, parent=p.parent, candidate=p.candidate, reason=reason,
-            mean_diff=_stat(gate, "mean_diff"), p_value=_stat(gate, "p_adjusted", "p_value"),
+            mean_diff=_mean_diff(gate), p_value=_stat(gate, "p_adjusted", "p_value"),
             rollouts=gate.rollouts if gate else 0, gate_accepted=gate.accepted if gate else None))
     return out
 

@@ -7,11 +7,12 @@ run or of the whole store:
     proposals   every stored proposal
     invalid     status "invalid" (the output broke a schema, a whitelist or a validity check)
     valid rate  (proposals - invalid) / proposals
-    gated       valid proposals the gate compared (a gate decision with a paired statistic);
-                a valid proposal rejected without a comparison ("not gated: budget") or
-                still pending is counted in neither
-    accepted    gated proposals the gate accepted (a reviewer's later veto does not undo it:
-                this measures the proposer and the gate, not the review)
+    gated       valid proposals the gate compared (a gate decision with a paired statistic,
+                or a peer mode's val-mean comparison: fst, bettertogether, skillopt); a valid
+                proposal rejected without a comparison ("not gated: budget", a peer mode that
+                does not evaluate its kind) or still pending is counted in neither
+    accepted    gated proposals the gate (or the peer mode's rule) accepted (a reviewer's later
+                veto does not undo it: this measures the proposer and the gate, not the review)
     accept rate accepted / gated
     accepted delta  the mean of the gate's `mean_diff` (candidate - incumbent on the gate's
                 metric, per paired task) over the accepted ones

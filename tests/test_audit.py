@@ -323,3 +323,34 @@ def test_proposer_stats_count_valid_gated_accepted_and_mean_gain(store, world, d
     assert res.exit_code == 0, res.output
     doc = {d["proposer"]: d for d in json.loads(res.output)}
     assert doc["demos"]["accept_rate"] == 0.0 and doc["harness_lm"]["valid_rate"] == 0.5
+
+
+def test_proposer_stats_count_a_peer_modes_val_mean_comparisons(store):
+    """fst / bettertogether / skillopt decide by val means (no paired gate statistic): a
+    compared proposal counts as gated with candidate - reference as its mean difference; one
+    the mode did not evaluate (another asset kind) counts in neither."""
+    from coevo.proposer_stats import proposer_stats
+
+    h0 = Harness(name="base", system_prompt="p")
+    h1, h2, h3, h4 = (h0.child(system_prompt=f"p{i}") for i in (1, 2, 3, 4))
+    for h in (h0, h1, h2, h3, h4):
+        store.put_asset(h)
+    run = store.create_run("peer", config={})
+    store.start_round(run.id, 0)
+    stats = [("bettertogether", True, {"val_mean": 0.5, "incumbent_val_mean": 0.2, "n_tasks": 20}),
+             ("bettertogether", False, {"val_mean": 0.1, "incumbent_val_mean": 0.2, "n_tasks": 20}),
+             ("fst", True, {"val_mean": 0.25, "parent": 0, "parent_val_mean": 0.2}),
+             ("skillopt", False, {})]  # "edits skill documents only": not evaluated
+    for (policy, ok, stat), (proposer, cand) in zip(stats, [("demos", h1), ("harness", h2),
+                                                             ("harness", h3), ("demos", h4)]):
+        pid = store.add_proposal(proposer=proposer, kind="harness", parent=h0.hash,
+                                 candidate=cand.hash, run=run.id, round=0)
+        store.add_decision(pid, policy=policy, accepted=ok, reason=f"{policy}: ...", statistic=stat)
+    rows = proposal_rows(store, run="peer")
+    assert [r.mean_diff for r in rows] == [pytest.approx(0.3), pytest.approx(-0.1),
+                                            pytest.approx(0.05), None]
+    got = {s.proposer: s for s in proposer_stats(store, "peer")}
+    assert (got["demos"].proposals, got["demos"].gated, got["demos"].accepted) == (2, 1, 1)
+    assert got["demos"].accepted_delta == pytest.approx(0.3)
+    assert (got["harness"].gated, got["harness"].accepted) == (2, 1)
+    assert got["harness"].gated_delta == pytest.approx((-0.1 + 0.05) / 2)
