@@ -188,7 +188,8 @@ def run_mode(base: RunConfig, mode: str, seed: int, budget: float, store: Any, *
     totals = store.budget_totals(run_id)
     out = {"env": base.env, "config": base.name, "mode": mode, "seed": seed, "run": run_id,
            "rounds": rounds, "tail_rounds": tail, "curve": curve, "spent": totals,
-           "cost": cost(totals), "proposals": proposal_counts(store, run_id), "tests": final,
+           "cost": cost(totals), "proposals": proposal_counts(store, run_id),
+           "proposer_stats": proposer_docs(store, run_id), "tests": final,
            "seed_test": seed_test(store, run_id, base.env), "seconds": time.perf_counter() - t0}
     del parts
     gc.collect()
@@ -262,6 +263,14 @@ def proposal_counts(store: Any, run_id: str) -> dict[str, int]:
         if p.status == "rejected" and any(d.policy == "budget" for d in store.decisions(p.id)):
             out["budget"] += 1
     return out
+
+
+def proposer_docs(store: Any, run_id: str) -> list[dict[str, Any]]:
+    """Per proposer: proposals, invalid, gated (compared by the gate or a peer mode's val-mean
+    rule), accepted and mean deltas (`coevo proposals stats`, coevo/proposer_stats.py)."""
+    from coevo.proposer_stats import proposer_stats
+
+    return [s.doc() for s in proposer_stats(store, run_id)]
 
 
 # --- driver ------------------------------------------------------------------------------------
@@ -362,6 +371,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     r = done[(b.env, seed, mode)]
                     if "seed_test" not in r:  # a ledger written before runs kept it
                         r["seed_test"] = seed_test(store, r["run"], b.env)
+                    r["proposer_stats"] = proposer_docs(store, r["run"])  # read from the store
                     runs.append(r)
                     reused += 1
                     _say(f"[bold]{b.name}[/bold] seed {seed} mode {mode}: done before, reused")

@@ -115,6 +115,39 @@ def _paired_section(env: str, runs: list[dict]) -> list[str]:
     return lines + [""]
 
 
+def proposer_rows(runs: list[dict]) -> list[tuple]:
+    """Per (mode, proposer), pooled over the runs (seeds) that stored `proposer_stats`:
+    proposals, invalid, gated, accepted, mean accepted delta, mean gated delta (means weighted
+    by each run's counts)."""
+    acc: dict[tuple[str, str], list[float]] = {}
+    for r in runs:
+        for s in r.get("proposer_stats") or []:
+            a = acc.setdefault((r["mode"], s["proposer"]), [0, 0, 0, 0, 0.0, 0.0])
+            for i, k in enumerate(("proposals", "invalid", "gated", "accepted")):
+                a[i] += s[k]
+            a[4] += (s["accepted_delta"] or 0.0) * s["accepted"]
+            a[5] += (s["gated_delta"] or 0.0) * s["gated"]
+    order = {m: i for i, m in enumerate(ALL_MODES)}
+    return [(m, p, n, inv, g, ok, a_sum / ok if ok else None, g_sum / g if g else None)
+            for (m, p), (n, inv, g, ok, a_sum, g_sum) in sorted(
+                acc.items(), key=lambda kv: (order.get(kv[0][0], 99), kv[0][1]))]
+
+
+def _proposer_section(runs: list[dict]) -> list[str]:
+    rows = proposer_rows(runs)
+    if not rows:
+        return []
+    lines = ["Per proposer, summed over seeds (`coevo proposals stats`; gated: compared with "
+             "the incumbent by the paired gate, or by a peer mode's val-mean rule; deltas: "
+             "candidate - incumbent on val, per paired task):", "",
+             "| mode | proposer | proposals | invalid | valid rate | gated | accepted | "
+             "accept rate | mean accepted delta | mean gated delta |", "|" + "---|" * 10]
+    for m, p, n, inv, g, ok, ad, gd in rows:
+        lines.append(f"| {m} | {p} | {n} | {inv} | {_f((n - inv) / n if n else None, 2)} | {g} | "
+                     f"{ok} | {_f(ok / g if g else None, 2)} | {_f(ad)} | {_f(gd)} |")
+    return lines + [""]
+
+
 def _f(x: float | None, d: int = 3) -> str:
     return "-" if x is None else f"{x:.{d}f}"
 
@@ -291,7 +324,7 @@ def _dataset(rep: dict[str, Any], folder: Path, h: str, tag: str) -> list[str]:
                   "Val curve: the loop's round summaries (whole val split, uncharged); the first "
                   "point of each line is the seed incumbent at 0 tokens.", "", "Spend:", "",
                   *_spend_rows(runs), ""]
-        lines += _paired_section(env, runs)
+        lines += _paired_section(env, runs) + _proposer_section(runs)
     lines += _null_section(rep.get("null"), h)
     # Paths relative to the repository, so the page reads the same on any checkout.
     configs = json.dumps(rep["configs"], indent=1).replace(f"{REPO}/", "").replace(f'"{REPO}"', '"."')

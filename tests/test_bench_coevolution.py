@@ -233,6 +233,20 @@ def test_page_pairs_gated_with_every_mode_and_every_mode_with_the_seed_incumbent
     assert report.verdict(-0.3, -0.1, "a", "b") == "b beats a"
 
 
+def test_page_sums_each_modes_proposer_stats_over_seeds(tmp_path):
+    rep = _report(tmp_path)
+    stat = {"proposer": "demos", "proposals": 3, "invalid": 1, "gated": 2}
+    for r in rep["runs"]:
+        if r["mode"] == "gated":  # seed 0: 1 of 2 accepted (+0.2), seed 1: 2 of 2 (+0.1, +0.3)
+            r["proposer_stats"] = [{**stat, "accepted": 1, "accepted_delta": 0.2, "gated_delta": 0.05}
+                                   if r["seed"] == 0 else
+                                   {**stat, "accepted": 2, "accepted_delta": 0.2, "gated_delta": 0.2}]
+    text = report.write_results(rep, tmp_path / "RESULTS.md").read_text()
+    [row] = [ln for ln in text.splitlines() if ln.startswith("| gated | demos |")]
+    assert row == "| gated | demos | 6 | 2 | 0.67 | 4 | 3 | 0.75 | 0.200 | 0.125 |"
+    assert not [ln for ln in text.splitlines() if ln.startswith("| weight-only | demos")]
+
+
 def test_report_only_puts_several_data_sets_on_one_page(tmp_path):
     a, b = _report(tmp_path), _report(tmp_path)
     b["name"] = "toy-rl"
@@ -303,6 +317,11 @@ def test_small_run_writes_the_table_plot_data_and_null_check(tmp_path):
         assert r["rounds"] >= 1 and r["tests"][r["env"]]["n"] == 4
         assert r["cost"] <= limit * 1.1, (r["mode"], r["cost"])  # estimates, not exact costs
     by_mode = {r["mode"]: r for r in rep["runs"]}
+    from coevo.proposer_stats import proposer_stats
+
+    for r in rep["runs"]:  # per proposer, as `coevo proposals stats --run` reads the store
+        assert r["proposer_stats"] == [s.doc() for s in proposer_stats(store, r["run"])]
+        assert sum(s["proposals"] for s in r["proposer_stats"]) == len(store.proposals(r["run"]))
     assert not store.trajectories(by_mode["harness-only"]["run"], split="train", limit=1)[0].checkpoint
     # every run of the seed starts from the same seed versions (pinned from the seed files)
     seeds = {tuple(sorted(store.get_run(r["run"]).config["seed"].items())) for r in rep["runs"]}
