@@ -139,7 +139,9 @@ def _proposer_section(runs: list[dict]) -> list[str]:
         return []
     lines = ["Per proposer, summed over seeds (`coevo proposals stats`; gated: compared with "
              "the incumbent by the paired gate, or by a peer mode's val-mean rule; deltas: "
-             "candidate - incumbent on val, per paired task):", "",
+             "candidate - incumbent on val, per paired task; fst's against its parent member's "
+             "stored val scores, measured before the round's RL stage for the seed member, so "
+             "they include the RL gain):", "",
              "| mode | proposer | proposals | invalid | valid rate | gated | accepted | "
              "accept rate | mean accepted delta | mean gated delta |", "|" + "---|" * 10]
     for m, p, n, inv, g, ok, ad, gd in rows:

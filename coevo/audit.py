@@ -239,10 +239,13 @@ def _stat(d: DecisionRecord | None, *keys: str) -> float | None:
 
 
 def _mean_diff(d: DecisionRecord | None) -> float | None:
-    """The decision's mean paired difference (candidate - incumbent per val task): the gate's
-    `mean_diff`; a peer mode's (coevo/modes/) val-mean rule stored the candidate's val mean and
-    the one it was compared with (the incumbent's under the same checkpoint and seeds, or fst's
-    parent member's), whose difference is that mean over the same tasks."""
+    """The decision's mean difference per val task (candidate - what it was compared with):
+    the gate's `mean_diff`; a peer mode's (coevo/modes/) val-mean rule stored the candidate's
+    val mean and its reference's over the same tasks: bettertogether's and skillopt's the
+    incumbent's under the same checkpoint and seeds (a paired difference, as the gate's), fst's
+    its parent member's stored scores, measured under the checkpoint of the round the member
+    joined (for the seed member, before the round's RL stage), so an fst delta includes what
+    RL changed since then."""
     direct = _stat(d, "mean_diff")
     if direct is not None:
         return direct
