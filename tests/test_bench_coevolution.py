@@ -107,6 +107,7 @@ def test_every_mode_spends_its_budget(monkeypatch):
     monkeypatch.setattr(loop, "run_coevolution", fake_run)
     monkeypatch.setattr(bench, "final_tests", lambda *a: {})
     monkeypatch.setattr(bench, "proposal_counts", lambda *a: {})
+    monkeypatch.setattr(bench, "proposer_docs", lambda *a: [])
     out = bench.run_mode(b, "gated", 0, 160_000, store, rates=rates, base_val=0.2)
     # full rounds of 37k while 42k fit: 37, 74, 111, 148 (12k left: under an RL stage's 32k)
     assert [n for n, _ in seen] == [1, 1, 1, 1] and out["tail_rounds"] == 0
