@@ -40,50 +40,23 @@ import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # tiny_glue
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
 from coevo.models.base import Request, Sampling  # noqa: E402
 
-CHATML = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-CORPUS = ["the quick brown fox jumps over the lazy dog", "Say something about a number",
-          "assistant The answer is 42. user system", '{"name": "pick", "arguments": {"a": 1}}']
 PICK = {"name": "pick", "parameters": {"type": "object", "required": ["color"], "properties": {
     "color": {"type": "string", "enum": ["red", "green", "blue"]}, "bold": {"type": "boolean"}}}}
 PROMPTS = ["the quick brown fox", "Say something about 7.", "The answer is", "lazy dog"]
 
 
-def save_model(path: Path, seed: int = 0) -> Path:
-    """tests/tiny_glue.py's tokenizer and Llama (hidden 128 here), `save_pretrained` to `path`."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+def save_model(path: Path) -> Path:
+    """tests/tiny_glue.py's tokenizer and 2-layer Llama, wider (hidden 128, 4 heads)."""
+    from tiny_glue import save_tiny_model
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    # Printable ASCII + space + newline: every sampled id decodes to whole characters.
-    keep = {chr(b) for b in range(33, 127)} | {chr(256 + 32), chr(256 + 10)}
-    alphabet = sorted(c for c in pre_tokenizers.ByteLevel.alphabet() if c in keep)
-    tok.train_from_iterator(CORPUS * 20, trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=alphabet, show_progress=False))
-    tok = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
-                                  pad_token="<|endoftext|>", chat_template=CHATML)
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=128, intermediate_size=256,
-                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=1024, eos_token_id=tok.eos_token_id,
-                      pad_token_id=tok.pad_token_id, bos_token_id=None, tie_word_embeddings=False)
-    model = LlamaForCausalLM(cfg)
-    with torch.no_grad():  # sharper than uniform, so samples differ by seed
-        model.lm_head.weight.mul_(4.0)
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
+    return save_tiny_model(path, hidden=128, heads=4, kv_heads=2)
 
 
 def chat(text: str, constraint=None, n: int = 1, **sampling) -> Request:

@@ -44,15 +44,17 @@ def tiny_tokenizer():
                                    pad_token="<|endoftext|>", chat_template=CHATML)
 
 
-def save_tiny_model(path: Path, seed: int = 0, sharpen: float = 4.0) -> Path:
-    """A 2-layer Llama (hidden 32) + the tokenizer, `save_pretrained` into `path`."""
+def save_tiny_model(path: Path, seed: int = 0, sharpen: float = 4.0, hidden: int = 32,
+                    heads: int = 2, kv_heads: int = 1) -> Path:
+    """A 2-layer Llama (hidden 32 unless told) + the tokenizer, `save_pretrained` into `path`
+    (bench/gpu_check_hf.py builds a wider one)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     tok = tiny_tokenizer()
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
-                      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden,
+                      num_hidden_layers=2, num_attention_heads=heads, num_key_value_heads=kv_heads,
                       max_position_embeddings=512, eos_token_id=tok.eos_token_id,
                       pad_token_id=tok.pad_token_id, bos_token_id=None,
                       tie_word_embeddings=False)
