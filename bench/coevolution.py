@@ -56,7 +56,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from coevolution_budget import Rates, calibrate, cost, measured, plan_round, trains  # noqa: E402
 from coevolution_null import collect, null_candidate, simulate  # noqa: E402,F401 (null_candidate: tests)
-from coevolution_report import MODE_ORDER, PEER_MODES, _f, _slug, load_data, write_data, write_results  # noqa: E402,F401
+from coevolution_report import MODE_ORDER, PEER_MODES, VARIANTS, _f, _slug, load_data, write_data, write_results  # noqa: E402,F401
 
 from coevo.config import RunConfig  # noqa: E402
 from coevo.errors import CoevoError  # noqa: E402
@@ -142,6 +142,16 @@ def calibration(base: RunConfig, store: Any) -> tuple[float | None, Rates]:
     return res.mean, calibrate(res, CALL_GUESS)
 
 
+def variant(base: RunConfig, label: str) -> tuple[RunConfig, str]:
+    """A --modes label as (the config it runs, the loop mode): a loop mode as it is, or a
+    VARIANTS label's loop mode with its settings merged into the config's blocks."""
+    loop_mode, overrides = VARIANTS.get(label, (label, {}))
+    data = base.model_dump(mode="json")
+    for key, value in overrides.items():
+        data[key] = {**(data.get(key) or {}), **value}
+    return RunConfig.from_mapping(data), loop_mode
+
+
 def run_mode(base: RunConfig, mode: str, seed: int, budget: float, store: Any, *,
              rates: Rates, base_val: float | None) -> dict[str, Any]:
     """Rounds of `mode` while the next one fits in `budget` tokens; then the test split."""
@@ -154,18 +164,19 @@ def run_mode(base: RunConfig, mode: str, seed: int, budget: float, store: Any, *
     k = 1
     while name in taken:
         name, k = f"{base.name}-{mode}-s{seed}-retry{k}", k + 1
+    base, loop_mode = variant(base, mode)  # what rounds are planned with
     data = base.model_dump(mode="json")
-    data.update(name=name, mode=mode, seed=seed)
+    data.update(name=name, mode=loop_mode, seed=seed)
     data["rl"]["stage"]["seed"] = seed
     data["rl"]["stage"]["checkpoint_dir"] = str(Path(data["rl"]["stage"]["checkpoint_dir"]) / name)
     t0 = time.perf_counter()
     parts = build_parts(RunConfig.from_mapping(data))
-    if plan_round(base, mode, rates, budget) is None:
+    if plan_round(base, loop_mode, rates, budget) is None:
         raise CoevoError(f"--budget {budget:g}: not even one {mode} round of {base.name} fits "
                          f"(costs per unit: {rates})")
     spent, rounds, tail, curve = 0.0, 0, 0, [(0.0, base_val)]
     run_id = None
-    while (plan := plan_round(base, mode, rates, budget - spent, rounds)) is not None:
+    while (plan := plan_round(base, loop_mode, rates, budget - spent, rounds)) is not None:
         if tail and not plan.tail:  # once RL-only, the rest of the run stays RL-only
             plan = replace(plan, tail=True, rollouts=None)
         tail += plan.tail
@@ -179,7 +190,7 @@ def run_mode(base: RunConfig, mode: str, seed: int, budget: float, store: Any, *
         if rounds == 0 and isinstance(summary.get("val_start_score"), (int, float)):
             curve[0] = (0.0, float(summary["val_start_score"]))  # the loop's own round-0 score
         spent += cost(store.budget_totals(run_id, round=rounds))
-        rates = rates.update(measured(store, run_id, rounds, trains(base, mode, rounds)))
+        rates = rates.update(measured(store, run_id, rounds, trains(base, loop_mode, rounds)))
         curve.append((spent, summary.get("val_score")))
         rounds += 1
         _say(f"  {name}: round {rounds - 1}{' (RL-only tail)' if plan.tail else ''} done, "

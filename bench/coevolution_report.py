@@ -23,7 +23,10 @@ import numpy as np
 
 MODE_ORDER = ("weight-only", "harness-only", "ungated", "gated")
 # The peer methods (coevo/modes/): run only when `--modes` names them; rows after the four.
-PEER_MODES = ("fst", "bettertogether", "skillopt")
+PEER_MODES = ("fst", "bettertogether", "skillopt", "bettertogether-gate")
+# A bench label that is a loop mode with config overrides: bettertogether's p -> w -> p order
+# with the gated mode's paired gate at its p stages (gate before RL).
+VARIANTS = {"bettertogether-gate": ("bettertogether", {"bettertogether": {"select": "gate"}})}
 ALL_MODES = MODE_ORDER + PEER_MODES
 REPO = Path(__file__).resolve().parent.parent
 
@@ -167,7 +170,7 @@ def plot_curves(env: str, runs: list[dict[str, Any]], path: Path) -> Path:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     colors = dict(zip(ALL_MODES, ("#1f77b4", "#ff7f0e", "#9467bd", "#2ca02c", "#d62728",
-                                  "#8c564b", "#e377c2")))
+                                  "#8c564b", "#e377c2", "#17becf")))
     for r in runs:
         pts = [(x, y) for x, y in r["curve"] if y is not None]
         if pts:

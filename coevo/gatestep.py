@@ -59,17 +59,20 @@ Verdict = tuple[Decision, Evidence | list[dict[str, Any]] | None]  # rows: a rub
 
 
 def gate_step(run: Any, r: int, incumbent: Incumbent,
-              cands: list[tuple[str, Candidate, str]]) -> list[Candidate]:
+              cands: list[tuple[str, Candidate, str]], *,
+              gated: bool | None = None) -> list[Candidate]:
     """Decide every pending candidate and store the decisions (one transaction); returns the
     accepted candidates in proposal order (a resumed round returns the stored verdicts). With
     gate.human_review none is returned: the accepted ones stay pending until a person
-    reviews them (coevo/reviewstep.py applies the reviews at a later round start)."""
+    reviews them (coevo/reviewstep.py applies the reviews at a later round start). `gated`:
+    judge with the gate (True) or accept every valid one (False); None: as the run's mode."""
     done = [c for _, c, s in cands if s == "accepted"]
     # Pending with a decision: accepted by the gate and held for review (gate.human_review).
     pending = [(pid, c) for pid, c, s in cands if s == "pending" and not run.store.decisions(pid)]
     if not pending:
         return done
-    verdicts = (judge_gated if run.mode.gated else judge_ungated)(run, r, incumbent, pending)
+    gated = run.mode.gated if gated is None else gated
+    verdicts = (judge_gated if gated else judge_ungated)(run, r, incumbent, pending)
     hold = run.cfg.gate.human_review
     with run.store.transaction():
         for (pid, _), (d, evidence) in zip(pending, verdicts):

@@ -128,6 +128,34 @@ def test_every_mode_spends_its_budget(monkeypatch):
     assert [c for _, c in seen] == [16 + (40_000 - 8_000) // 500, 16 + (27_000 - 8_000) // 500]
 
 
+def test_a_variant_label_runs_its_loop_mode_with_its_settings(monkeypatch):
+    """`bettertogether-gate`: the loop's bettertogether mode with `select: gate`, planned as
+    bettertogether's stages (p, then w), and reported under its own label."""
+    import coevo.loop as loop
+
+    b = _base(small=False)
+    rates = budget.Rates(eval=500, rl=1000, call=2500)
+    store, seen = _FakeStore(), []
+
+    def fake_run(cfg, store_, parts, *, resume=None, progress=None):
+        seen.append((cfg.name, cfg.mode, cfg.bettertogether.select, cfg.rounds))
+        store_.rows[cfg.rounds - 1] = {"tokens": 10_000.0}
+        return type("Res", (), {"run": "R"})()
+
+    monkeypatch.setattr(loop, "build_parts", lambda cfg: loop.Parts(env=None, backend=None,
+                                                                    proposers=[object()]))
+    monkeypatch.setattr(loop, "run_coevolution", fake_run)
+    for f in ("final_tests", "proposal_counts", "proposer_docs"):
+        monkeypatch.setattr(bench, f, lambda *a: {})
+    out = bench.run_mode(b, "bettertogether-gate", 0, 50_000, store, rates=rates, base_val=0.2)
+    # planned as bettertogether's p (28k), w (32k), p (28k) rounds: 3 fit in 50k at 10k each
+    assert out["mode"] == "bettertogether-gate" and out["rounds"] == 3
+    assert {(m, s) for _, m, s, _ in seen} == {("bettertogether", "gate")}
+    assert seen[0][0] == f"{b.name}-bettertogether-gate-s0"
+    assert bench.variant(b, "gated") == (b, "gated")
+    assert b.bettertogether.select == "mean"  # the base config is not changed
+
+
 # --- intervals, null check, the page ---------------------------------------------------------
 
 

@@ -126,6 +126,27 @@ def test_bettertogether_runs_its_stages_in_order(tmp_path):
     _charged_equals_episodes(store, res.run)
 
 
+def test_bettertogether_with_the_gate_judges_its_p_stages_by_the_paired_gate(tmp_path):
+    """`select: gate`: a p stage's candidates go through the gated mode's paired gate (its
+    policy, statistic and evidence), before the w stage's RL; the w stage still trains."""
+    store, res = _run(tmp_path, "bettertogether", candidates=(BETTER, SAME), rounds=2,
+                      bettertogether={"strategy": "p -> w", "select": "gate"})
+    rounds = store.rounds(res.run)
+    assert [r.summary["stage"] for r in rounds] == ["p", "w"]
+    r0 = {p.rationale: p for p in store.proposals(res.run) if p.round == 0}
+    d_help = store.decisions(r0[HELPS["rationale"]].id)[-1]
+    d_same = store.decisions(r0[NO_EFFECT["rationale"]].id)[-1]
+    assert d_help.accepted and d_help.policy == "paired" and "Holm over 2" in d_help.reason
+    assert not d_same.accepted and d_same.policy == "paired"
+    assert d_help.statistic["mean_diff"] == 1.0 and d_help.statistic["seed_base"] == 0.0
+    # The gate ran the incumbent arm once (reused for the second candidate): its rollouts
+    # are charged to round 0 like the gated mode's.
+    assert rounds[1].summary["rl_steps"] and store.latest_checkpoint(res.run).round == 1
+    assert res.incumbent["harness"] == r0[HELPS["rationale"]].candidate
+    assert res.final.mean == 1.0
+    _charged_equals_episodes(store, res.run)
+
+
 # --- skillopt ----------------------------------------------------------------------------------
 
 

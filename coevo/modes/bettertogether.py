@@ -8,6 +8,8 @@ Together"; `dspy.BetterTogether`).
         p: train rollouts of the incumbent; proposers revise it; each candidate and the
            incumbent on the whole val split (same checkpoint, same seeds); per asset kind the
            best candidate is accepted iff its val mean is strictly higher (no paired gate)
+           -- or, with `select: gate`, the gated mode's paired sequential gate (family-wise
+           levels, Holm, one winner per kind) under the current checkpoint
         w: an RL stage under the incumbent's assets (no proposals)
 
 Each stage is recorded in its round's summary (`stage`: "p" or "w", `stage_index`), so
@@ -17,8 +19,9 @@ Departures from DSPy's BetterTogether: a stage is one coevo round (a run with `r
 to the strategy's length runs it once; more rounds cycle through it), so each stage is
 resumable and budgeted like any round; the prompt step is coevo's proposers (demos, harness,
 skills, rubrics, gepa: whatever the run lists) instead of BootstrapFewShotWithRandomSearch or
-MIPRO, selecting on val by mean as those optimizers do; the weight step is coevo's RL stage
-(GRPO on the incumbent's rollouts with the verifier's reward) instead of BootstrapFinetune's
+MIPRO, selecting on val by mean as those optimizers do (`select: gate` swaps in coevo's gate);
+the weight step is coevo's RL stage (GRPO on the incumbent's rollouts with the verifier's
+reward) instead of BootstrapFinetune's
 supervised fine-tuning on the traces the metric passed; the prompt step's train rollouts run
 on the current checkpoint, as BetterTogether bootstraps its traces with the current weights.
 """
@@ -39,6 +42,7 @@ def stage_of(run: Any, r: int) -> str:
 
 
 def bettertogether_round(run: Any, r: int, incumbent: Incumbent) -> tuple[Incumbent, list[Candidate]]:
+    from coevo.gatestep import gate_step
     from coevo.loop import collect_train_rollouts, propose_step, rl_step
 
     stage = stage_of(run, r)
@@ -48,9 +52,13 @@ def bettertogether_round(run: Any, r: int, incumbent: Incumbent) -> tuple[Incumb
         return rl_step(run, r, incumbent), []
     collect_train_rollouts(run, r, incumbent)
     trajs = run.store.trajectories(run.id, round=r, split="train")
-    accepted, pending = pending_of(propose_step(run, r, incumbent, trajs))
-    if pending:
-        accepted = select_by_mean(run, r, incumbent, pending, POLICY)
+    cands = propose_step(run, r, incumbent, trajs)
+    if run.cfg.bettertogether.select == "gate":
+        accepted = gate_step(run, r, incumbent, cands, gated=True)
+    else:
+        accepted, pending = pending_of(cands)
+        if pending:
+            accepted = select_by_mean(run, r, incumbent, pending, POLICY)
     for cand in accepted:
         incumbent = incumbent.with_candidate(cand)
     return incumbent, accepted

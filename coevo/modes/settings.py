@@ -3,6 +3,8 @@ run config). Each is read only by its own mode; the other modes ignore it."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 STAGES = {"p": "prompt optimization", "w": "weight optimization"}
@@ -31,10 +33,15 @@ def parse_strategy(text: str) -> list[str]:
 
 
 class BetterTogetherSettings(BaseModel):
-    """bettertogether: the stages in order, one per round (cycling when rounds exceed them)."""
+    """bettertogether: the stages in order, one per round (cycling when rounds exceed them).
+    `select`: how a p stage picks among its candidates: `mean` (BetterTogether's optimizers:
+    the best val mean per kind, if strictly above the incumbent's) or `gate` (coevo's paired
+    statistical gate, as the gated mode uses after its RL stage: the p -> w order with the
+    gate's false-accept control)."""
 
     model_config = ConfigDict(extra="forbid")
     strategy: str = "p -> w -> p"
+    select: Literal["mean", "gate"] = "mean"
 
     @field_validator("strategy")
     @classmethod
