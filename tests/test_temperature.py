@@ -42,6 +42,15 @@ def test_fixed_keeps_the_harness_temperature():
     assert build_temperature("fixed", 0.7).temperatures(5, TASKS) is None
 
 
+def test_fixed_with_a_value_samples_a_greedy_harness_at_the_stages_own_temperature():
+    """A harness at temperature 0 (greedy) would give a group G copies; `value` is the RL
+    stage's own temperature for every task, whatever the harness's."""
+    sched = build_temperature("fixed", 0.0, options={"value": 0.7})
+    assert sched.temperatures(5, TASKS) == {t.id: 0.7 for t in TASKS} and sched.base == 0.7
+    with pytest.raises(CoevoError, match=r"rl.stage.temperature_options: .*value"):
+        build_temperature("fixed", 0.0, options={"value": 0.0})
+
+
 def test_tempered_maps_beta_posteriors_to_temperatures():
     sched = build_temperature("tempered", 0.7, store=HISTORY, run="r")
     # prior Beta(1, 1): a -> (1 + 3, 1 + 1) = (4, 2), b -> (1, 5), c -> (1, 1)

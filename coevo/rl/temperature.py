@@ -1,6 +1,6 @@
 """Sampling-temperature schedules of the RL stage (`rl.stage.temperature`, registry
-`TEMPERATURES`): `fixed` (the harness's decoding temperature for every task, the default) and
-`tempered` (posterior-tempered group sampling, PTGS-style).
+`TEMPERATURES`): `fixed` (the harness's decoding temperature for every task, the default, or
+the stage's own `value`) and `tempered` (posterior-tempered group sampling, PTGS-style).
 
 GRPO learns only from groups whose rewards differ. A task the policy nearly always solves gives
 G equal successes; one it nearly never solves, G equal failures. `tempered` keeps a Beta
@@ -52,20 +52,30 @@ class TemperatureSchedule(Protocol):
     def temperatures(self, step: int, tasks: Sequence[Task]) -> dict[str, float] | None: ...
 
 
-class NoOptions(BaseModel):
+class FixedOptions(BaseModel):
+    """`StageConfig.temperature_options` of the "fixed" schedule."""
+
     model_config = ConfigDict(extra="forbid")
+    # The RL stage's own sampling temperature for every task (None: the harness's). A harness
+    # that decodes greedily (temperature 0, as a `knobs` sweep may set it) gives a GRPO group
+    # G copies of one answer and no advantage; the stage then samples at `value` instead.
+    value: float | None = Field(None, gt=0.0, le=5.0)
 
 
 class FixedTemperature:
-    """The harness's temperature for every task (the ablation of `tempered`)."""
+    """The harness's temperature for every task (the ablation of `tempered`), or `value`."""
 
-    Options = NoOptions
+    Options = FixedOptions
 
-    def __init__(self, harness_temperature: float, *, store: Any = None, run: str | None = None):
-        self.base = harness_temperature
+    def __init__(self, harness_temperature: float, *, store: Any = None, run: str | None = None,
+                 value: float | None = None):
+        self.base = harness_temperature if value is None else value
+        self.value = value
 
-    def temperatures(self, step: int, tasks: Sequence[Task]) -> None:
-        return None
+    def temperatures(self, step: int, tasks: Sequence[Task]) -> dict[str, float] | None:
+        if self.value is None:
+            return None
+        return {t.id: self.value for t in tasks}
 
 
 class TemperedOptions(BaseModel):
