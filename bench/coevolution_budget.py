@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 # Calls an LLM proposer makes per round at most (the bench's proposers; gepa is not run).
-_CALLS = {"demos": 0, "harness": 1, "skills": 2, "rubrics": 1}
+_CALLS = {"demos": 0, "knobs": 0, "harness": 1, "skills": 2, "rubrics": 1}
 
 
 def cost(spent: dict[str, float]) -> float:

@@ -4,8 +4,10 @@ Importing the package registers the built-in proposers: `demos` (bootstrapped fe
 LLM), `scripted` (replays hand-written candidates) and the LLM proposers `harness` (VACE
 harness revision), `skills` (ARISE skill distillation, refinement and lifecycle), `rubrics`
 (ARISE rubric evolution, gated on predictive validity), `gepa` (the gepa package's
-reflective search) and `edits` (typed edit operations chosen under a per-round grammar). The LLM proposers are registered as factories that import their module
-on first use: they pull in DSPy (and litellm), a few seconds that commands which never
+reflective search), `edits` (typed edit operations chosen under a per-round grammar) and
+`knobs` (a declared sweep over the harness's knobs, no LLM, but it shares the `harness`
+proposer's whitelist). These are registered as factories that import their module on first
+use: they pull in DSPy (and litellm), a few seconds that commands which never
 propose (`coevo harness list`, `coevo eval`) should not pay.
 """
 
@@ -37,7 +39,8 @@ for _name, _module, _cls in (("harness", "harness", "HarnessProposer"),
                              ("skills", "skills", "SkillsProposer"),
                              ("rubrics", "rubrics", "RubricsProposer"),
                              ("gepa", "gepa", "GepaProposer"),
-                             ("edits", "edits", "EditsProposer")):
+                             ("edits", "edits", "EditsProposer"),
+                             ("knobs", "knobs", "KnobsProposer")):
     PROPOSERS.add(_name, _lazy(_module, _cls))
 
 __all__ = ["PROPOSERS", "Candidate", "Incumbent", "ProposalContext", "Proposer",

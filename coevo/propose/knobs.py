@@ -1,0 +1,86 @@
+"""The `knobs` proposer: a declared sweep over harness knobs (decoding, workflow), no LLM.
+
+A run config lists the values worth trying per knob, e.g.
+
+    proposers:
+      - name: knobs
+        options: {grid: {temperature: [0.0, 0.3], max_new_tokens: [160]}}
+
+Each round it proposes `per_round` harness children, each changing ONE knob of the incumbent
+to one listed value (a value equal to the incumbent's is skipped), taken in the grid's order
+from position `round * per_round`, cycling: the sweep walks the grid over the rounds, and a
+rejected setting comes back only after the rest have had their turn. The gate decides, as for
+any candidate; nothing is accepted because it was listed.
+
+Why: the embedded 135M model cannot be relied on to pick a knob value from a prompt (the
+`harness` and `edits` proposers offer the same knobs to the model), while some knobs move a
+small model's score by themselves: on BFCL simple_python val (72 tasks) greedy decoding of the
+constrained harness won 7 tasks and lost 1 against its sampling at 0.7 (bench/README.md).
+A sweep is DSPy's and GEPA's plain hyperparameter search on the harness's side.
+
+Safety: knobs are the `harness` proposer's whitelist (`coevo.propose.harness.KNOBS`), each
+value is checked against the knob's declared type and bounds when the proposer is built (a
+bad one is refused naming `grid.<knob>`), and the child is built by the same code as the
+`harness` proposer's revisions (`build_revision`), so it can reach no other field. A harness
+whose temperature a sweep sets to 0 decodes greedily: the RL stage then needs its own
+sampling temperature (`rl.stage.temperature_options: {value: T}`), or its groups are copies.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jsonschema
+
+from coevo.propose.base import Candidate, ProposalContext
+from coevo.propose.harness import KNOBS, build_revision, knob_schema, knob_value
+
+
+class KnobsProposer:
+    name = "knobs"
+
+    def __init__(self, grid: Mapping[str, Sequence[Any]], per_round: int = 1,
+                 name: str = "knobs"):
+        if not isinstance(grid, Mapping) or not grid:
+            raise ValueError("grid: give at least one knob with the values to try")
+        if per_round < 1:
+            raise ValueError("per_round must be >= 1")
+        for knob, values in grid.items():
+            if knob not in KNOBS:
+                raise ValueError(f"grid.{knob}: not a harness knob (knobs: {', '.join(KNOBS)})")
+            if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
+                raise ValueError(f"grid.{knob}: expected a non-empty list of values")
+            for v in values:
+                try:
+                    jsonschema.validate(v, knob_schema(knob))
+                except jsonschema.ValidationError as e:
+                    raise ValueError(f"grid.{knob}: {json.dumps(v)[:40]} is out of bounds "
+                                     f"({e.message})") from None
+        self.grid = {k: list(v) for k, v in grid.items()}
+        self.per_round, self.name = per_round, name
+
+    def settings(self, ctx: ProposalContext) -> list[tuple[str, Any]]:
+        """This round's (knob, value) pairs, in sweep order."""
+        h = ctx.incumbent.harness
+        options = [(k, v) for k, vs in self.grid.items() for v in vs if v != knob_value(h, k)]
+        if not options:
+            return []
+        start = ctx.round * self.per_round
+        return [options[(start + i) % len(options)]
+                for i in range(min(self.per_round, len(options)))]
+
+    def propose(self, ctx: ProposalContext) -> list[Candidate]:
+        h = ctx.incumbent.harness
+        out = []
+        for knob, value in self.settings(ctx):
+            child, error = build_revision(h, {"workflow": {knob: value}}, list(self.grid))
+            old = json.dumps(knob_value(h, knob))
+            out.append(Candidate(
+                asset=child, proposer=self.name, kind="harness", error=error,
+                rationale=f"knob sweep: {knob} {old} -> {json.dumps(value)} "
+                          f"(round {ctx.round}; grid {json.dumps(self.grid)})",
+                predicted_effect=f"a better {knob} for this model and environment; the gate "
+                                 f"measures it"))
+        return out
