@@ -326,6 +326,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     help="modes to run first, in this order; the four co-evolution modes "
                          "always run after them (the table compares them); opt-in peer "
                          f"methods: {', '.join(PEER_MODES)}")
+    ap.add_argument("--only", action="store_true",
+                    help="run only the --modes given (the page then has only their rows and "
+                         "their pairings with the seed incumbent)")
     ap.add_argument("--report-only", action="store_true",
                     help="rebuild RESULTS.md from --data; run nothing")
     a = ap.parse_args(argv)
@@ -350,17 +353,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     store = Store.open(f"sqlite:///{out / 'bench.db'}")
     bases = [base_config(e, a.small, out, a.model, proposers, a.proposer_model) for e in envs]
-    est = estimate(bases, seeds, units)
-    _say(f"[bold]coevolution bench[/bold]: envs {', '.join(b.env for b in bases)}; {seeds} seed(s); "
-         f"budget {a.budget_tokens or units:g} {'tokens' if a.budget_tokens else 'val-episode units'}"
-         f" per mode; proposers {', '.join(proposers)}; out {out}; estimate ~{est / 60:.0f} min")
-    t0 = time.perf_counter()
     order = a.modes.split(",")
     unknown = sorted(set(order) - set(MODE_ORDER) - set(PEER_MODES))
     if unknown:
         raise CoevoError(f"--modes: unknown {', '.join(unknown)}; known: "
                          f"{', '.join(MODE_ORDER + PEER_MODES)}")
-    order += [m for m in MODE_ORDER if m not in order]  # the table needs all four
+    if not a.only:
+        order += [m for m in MODE_ORDER if m not in order]  # the table needs all four
+    est = estimate(bases, seeds, units) * len(order) / len(MODE_ORDER)
+    _say(f"[bold]coevolution bench[/bold]: envs {', '.join(b.env for b in bases)}; {seeds} seed(s); "
+         f"budget {a.budget_tokens or units:g} {'tokens' if a.budget_tokens else 'val-episode units'}"
+         f" per mode; proposers {', '.join(proposers)}; out {out}; estimate ~{est / 60:.0f} min")
+    t0 = time.perf_counter()
     # Finished (env, seed, mode) runs are appended to runs.jsonl as they end, so a bench that
     # was stopped (or is re-run with more seeds into the same --out) redoes none of them.
     ledger = out / "runs.jsonl"
