@@ -28,6 +28,7 @@ PEER_MODES = ("fst", "bettertogether", "skillopt", "bettertogether-gate")
 # with the gated mode's paired gate at its p stages (gate before RL).
 VARIANTS = {"bettertogether-gate": ("bettertogether", {"bettertogether": {"select": "gate"}})}
 ALL_MODES = MODE_ORDER + PEER_MODES
+GATED_MODES = ("gated", *VARIANTS)  # the modes whose revisions pass the paired gate
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -92,16 +93,19 @@ def verdict(lo: float | None, hi: float | None, a: str, b: str) -> str:
 
 
 def _paired_section(env: str, runs: list[dict]) -> list[str]:
-    """Gated against every other mode, and every mode against the seed incumbent when the
-    runs scored it: the differences on the test split, paired per seed and task."""
+    """Gated (and each gated variant: GATED_MODES) against every other mode, and every mode
+    against the seed incumbent when the runs scored it: the differences on the test split,
+    paired per seed and task."""
     by_mode = {m: sorted((r for r in runs if r["mode"] == m), key=lambda r: r["seed"])
                for m in ALL_MODES}
     rows = []
-    if by_mode["gated"]:
+    for g in GATED_MODES:  # gated, and each gated variant, against every other mode
+        if not by_mode[g]:
+            continue
         for m in ALL_MODES:
-            if m != "gated" and by_mode[m]:
+            if m not in (g, *GATED_MODES[:GATED_MODES.index(g)]) and by_mode[m]:
                 other = {r["seed"]: r["tests"].get(env, {}).get("tasks", {}) for r in by_mode[m]}
-                rows.append(("gated", m, paired_vs(by_mode["gated"], other, env)))
+                rows.append((g, m, paired_vs(by_mode[g], other, env)))
     seeds = seed_groups(runs, env)
     if seeds:
         rows += [(m, "seed incumbent", paired_vs(by_mode[m], seeds, env))

@@ -258,6 +258,20 @@ def test_page_pairs_gated_with_every_mode_and_every_mode_with_the_seed_incumbent
     assert rows["gated - harness-only"][3] == "gated beats harness-only"
     assert set(rows) == {"gated - weight-only", "gated - harness-only", "gated - ungated",
                          *(f"{m} - seed incumbent" for m in report.MODE_ORDER)}
+    # A gated variant (bettertogether-gate) is paired with every mode too, gated once.
+    for r in [r for r in rep["runs"] if r["mode"] == "gated"]:
+        rep["runs"].append({**r, "mode": "bettertogether-gate", "tests": {"toy:env": {
+            **r["tests"]["toy:env"], "tasks": {f"t{i}": float(i % 2) for i in range(12)}}}})
+    text = report.write_results(rep, tmp_path / "RESULTS.md").read_text()
+    rows = {c[0]: c for c in (
+        [x.strip() for x in line.strip("|").split("|")] for line in text.splitlines()
+        if line.startswith("| ") and " - " in line.split("|")[1])}
+    wo = {r["seed"]: r["tests"]["toy:env"]["tasks"] for r in rep["runs"] if r["mode"] == "weight-only"}
+    want = report.cluster_bootstrap([[float(i % 2) - wo[s][f"t{i}"] for i in range(12)]
+                                     for s in (0, 1)])
+    assert rows["bettertogether-gate - weight-only"][1] == (
+        f"{want[0]:.3f} [{want[1]:.3f}, {want[2]:.3f}]")
+    assert "gated - bettertogether-gate" in rows and "bettertogether-gate - gated" not in rows
     assert report.verdict(-0.1, 0.2, "a", "b").startswith("not resolved")
     assert report.verdict(-0.3, -0.1, "a", "b") == "b beats a"
 
