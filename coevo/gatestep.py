@@ -26,7 +26,12 @@ twice. The stretch is read from the finished rounds' stored summaries (incumbent
 accepted) and decisions, so a resumed round finds the same one. A rubric candidate's
 validity still runs on this round's own incumbent episodes (it reads their trajectories).
 Each decision's statistic records its `seed_base` and `incumbent_reused`, the pairs whose
-incumbent side came from an earlier round (only decisions at the same base are reused).
+incumbent side came from an earlier round (only decisions at the same base are reused), and
+its `family_size`. A candidate with the same content as one an earlier round of the stretch
+compared and rejected (a deterministic proposer, such as `demos` on the same trajectories or a
+`knobs` sweep coming round again) is not compared again: the same assets, weights and seeds
+give the same episodes, so it is rejected with that decision's evidence and no rollout,
+provided that family was no larger (its levels no stricter than this round's).
 
 Budget. Before each candidate the round's spend is checked (`coevo.ledger.GateLedger`); with a
 rollout budget the comparison plans only as many val tasks as the rollouts left can pay for in
@@ -113,9 +118,13 @@ def judge_gated(run: Any, r: int, incumbent: Incumbent,
     arms = ArmScores(run, r, incumbent, GateLedger(run.store, run.id, r, run.cfg.budgets),
                      seed=base, prior=prior_incumbent_scores(run.store, run.id, earlier, base))
     m = sum(c.kind != "rubric" for _, c in pending)
+    seen = prior_rejections(run.store, run.id, earlier, base, m)
     tested: list[tuple[int, Evidence]] = []
     out: list[Verdict | None] = [None] * len(pending)
     for i, (_, cand) in enumerate(pending):
+        if cand.kind != "rubric" and cand.hash in seen:
+            out[i] = seen[cand.hash]
+            continue
         policy, short = affordable(run, arms.ledger)
         if policy is None:
             out[i] = (Decision(accepted=False, reason=f"not gated: round budget exhausted ({short})",
@@ -136,7 +145,8 @@ def judge_gated(run: Any, r: int, incumbent: Incumbent,
         reused = sum((p.task_id, seed_for(p.task_id, p.sample, base)) in arms.prior
                      for p in evidence.pairs)
         out[i] = (d.model_copy(update={"statistic": {
-            **d.statistic, "seed_base": float(base), "incumbent_reused": float(reused)}}), evidence)
+            **d.statistic, "seed_base": float(base), "incumbent_reused": float(reused),
+            "family_size": float(m)}}), evidence)
     _one_winner_per_kind(out, [c for _, c in pending])
     return out  # type: ignore[return-value]
 
@@ -227,6 +237,32 @@ def prior_incumbent_scores(store: Any, run: str, rounds: list[int],
                     if e.incumbent is not None:
                         out[(e.task_id, seed_for(e.task_id, e.sample, base))] = {
                             "outcome": e.incumbent, "partial": e.incumbent_partial}
+    return out
+
+
+def prior_rejections(store: Any, run: str, rounds: list[int], base: int,
+                     m: int) -> dict[str, Verdict]:
+    """{candidate hash: the verdict to repeat} for the candidates that `rounds` (the stretch
+    with this incumbent) compared at seed base `base` in a family of at most `m` and rejected:
+    a rejection with that decision's evidence, policy and metric, and no rollout of its own."""
+    out: dict[str, Verdict] = {}
+    for k in rounds:
+        for p in store.proposals(run, round=k):
+            for d in store.decisions(p.id):
+                st = d.statistic or {}
+                if (d.accepted or p.candidate is None or st.get("seed_base") != base
+                        or not 0 < st.get("family_size", m + 1) <= m or "mean_diff" not in st):
+                    continue
+                rows = [{"task_id": e.task_id, "sample": e.sample, "incumbent": e.incumbent,
+                         "candidate": e.candidate, "incumbent_partial": e.incumbent_partial,
+                         "candidate_partial": e.candidate_partial, "status": e.status}
+                        for e in d.evidence]
+                out[p.candidate] = (Decision(
+                    accepted=False, policy=d.policy, metric=d.metric, rollouts=0,
+                    statistic={"seed_base": float(base), "family_size": float(m)},
+                    reason=f"rejected without a new comparison: the same candidate was compared "
+                           f"with this incumbent (same assets, checkpoint and seeds) in round "
+                           f"{k} (proposal {p.id[:12]}) and rejected: {d.reason}"), rows)
     return out
 
 

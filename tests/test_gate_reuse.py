@@ -45,3 +45,32 @@ def test_a_new_checkpoint_starts_a_new_stretch(tmp_path):
     assert [dec[r].statistic["incumbent_reused"] for r in range(2)] == [0.0, 0.0]
     ck = [store.rounds(res.run)[r].summary["incumbent"]["checkpoint"] for r in range(2)]
     assert ck[0] != ck[1]
+
+
+def test_a_candidate_rejected_earlier_in_the_stretch_is_not_compared_again(tmp_path):
+    """harness-only, the same no-effect candidate proposed in rounds 0, 1 and 2 (a
+    deterministic proposer on an unchanged incumbent): round 0 compares it (24 gate
+    rollouts); rounds 1 and 2 repeat that rejection with round 0's evidence and run nothing,
+    since the same assets, weights and seeds would give the same episodes."""
+    again = {**NO_EFFECT, "round": None}
+    cfg, store, _, res = _run(tmp_path, "harness-only", (again,), rounds=3,
+                              budgets={"patience": None})
+    props = sorted(store.proposals(res.run), key=lambda p: p.round)
+    assert len({p.candidate for p in props}) == 1 and [p.status for p in props] == ["rejected"] * 3
+    dec = [store.decisions(p.id)[0] for p in props]
+    assert dec[0].rollouts > 0 and "mean_diff" in dec[0].statistic
+    assert [d.rollouts for d in dec[1:]] == [0, 0]
+    assert all(d.reason.startswith("rejected without a new comparison: the same candidate was "
+                                   f"compared with this incumbent (same assets, checkpoint and "
+                                   f"seeds) in round 0 (proposal {props[0].id[:12]})")
+               for d in dec[1:])
+    assert [{(e.task_id, e.incumbent, e.candidate) for e in d.evidence} for d in dec[1:]] == [
+        {(e.task_id, e.incumbent, e.candidate) for e in dec[0].evidence}] * 2
+    train = cfg.splits.train_n * cfg.splits.train_samples
+    spent = [store.budget_totals(res.run, round=r)["rollouts"] - train for r in range(3)]
+    assert spent[1:] == [0.0, 0.0] and spent[0] > 0
+    # A run's proposer stats count the comparison once: the repeats were not compared.
+    from coevo.proposer_stats import proposer_stats
+
+    [st] = [s for s in proposer_stats(store, run=res.run) if s.gated or s.proposals]
+    assert (st.proposals, st.gated, st.accepted) == (3, 1, 0)
