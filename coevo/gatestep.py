@@ -30,8 +30,10 @@ incumbent side came from an earlier round (only decisions at the same base are r
 its `family_size`. A candidate with the same content as one an earlier round of the stretch
 compared and rejected (a deterministic proposer, such as `demos` on the same trajectories or a
 `knobs` sweep coming round again) is not compared again: the same assets, weights and seeds
-give the same episodes, so it is rejected with that decision's evidence and no rollout,
-provided that family was no larger (its levels no stricter than this round's).
+draw from the same distribution (a rerun differs only through batch-dependent numerics), so a
+new comparison would re-draw noise, and testing one hypothesis until it passes would inflate
+the false-accept rate. It is rejected with that decision's evidence and no rollout, provided
+that family was no larger (its levels no stricter than this round's).
 
 Budget. Before each candidate the round's spend is checked (`coevo.ledger.GateLedger`); with a
 rollout budget the comparison plans only as many val tasks as the rollouts left can pay for in

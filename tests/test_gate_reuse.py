@@ -50,8 +50,8 @@ def test_a_new_checkpoint_starts_a_new_stretch(tmp_path):
 def test_a_candidate_rejected_earlier_in_the_stretch_is_not_compared_again(tmp_path):
     """harness-only, the same no-effect candidate proposed in rounds 0, 1 and 2 (a
     deterministic proposer on an unchanged incumbent): round 0 compares it (24 gate
-    rollouts); rounds 1 and 2 repeat that rejection with round 0's evidence and run nothing,
-    since the same assets, weights and seeds would give the same episodes."""
+    rollouts); rounds 1 and 2 repeat that rejection with round 0's evidence and run nothing:
+    a new comparison of the same hypothesis would only re-draw the noise."""
     again = {**NO_EFFECT, "round": None}
     cfg, store, _, res = _run(tmp_path, "harness-only", (again,), rounds=3,
                               budgets={"patience": None})

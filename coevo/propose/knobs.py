@@ -11,8 +11,8 @@ to one listed value (a value equal to the incumbent's is skipped), taken in the 
 from position `round * per_round`, cycling: the sweep walks the grid over the rounds, and a
 rejected setting comes back only after the rest have had their turn. The gate decides, as for
 any candidate; nothing is accepted because it was listed. A setting that comes back while the
-incumbent (assets and checkpoint) is unchanged is the same candidate, and the gate repeats its
-earlier rejection without running it again (coevo/gatestep.py, "Across rounds"); after an RL
+incumbent (assets and checkpoint) is unchanged is the same hypothesis, and the gate repeats its
+earlier rejection without testing it again (coevo/gatestep.py, "Across rounds"); after an RL
 stage or an accepted revision it is compared afresh.
 
 Why: the embedded 135M model cannot be relied on to pick a knob value from a prompt (the
