@@ -113,6 +113,38 @@ def test_sqlite_pragmas(tmp_path):
     s.close()
 
 
+def test_opening_a_new_store_waits_out_a_lock_sqlite_did_not_wait_for(tmp_path, monkeypatch):
+    """SQLite answers "database is locked" at once, without its busy handler, while another
+    process cleans up or recovers the WAL or switches a new file to WAL (two runs starting on
+    one new store in CI hit it); opening retries that and ends migrated. The first three
+    connections fail the way SQLite does; the store's own pragmas still hold on the fourth."""
+    import sqlite3
+
+    import sqlalchemy as sa
+
+    real, calls = sqlite3.dbapi2.connect, []
+
+    def connect(*args, **kw):
+        calls.append(kw.get("timeout"))
+        if len(calls) <= 3:
+            raise sqlite3.OperationalError("database is locked")
+        return real(*args, **kw)
+
+    monkeypatch.setattr(sqlite3.dbapi2, "connect", connect)
+    s = Store.open(str(tmp_path / "p.db"))
+    assert s.current_revision() == s.head_revision()
+    with s.engine.connect() as c:
+        assert c.execute(sa.text("PRAGMA busy_timeout")).scalar() == 30000
+        assert c.execute(sa.text("PRAGMA journal_mode")).scalar() == "wal"
+    s.close()
+    assert len(calls) >= 4 and set(calls) == {30.0}  # pysqlite waits 30 s too, not its 5
+    # a lock that is not SQLite's, or any other failure, is not retried
+    monkeypatch.setattr(sqlite3.dbapi2, "connect", lambda *a, **k: (_ for _ in ()).throw(
+        sqlite3.OperationalError("unable to open database file")))
+    with pytest.raises(CoevoError, match="unable to open database file"):
+        Store.open(str(tmp_path / "q.db"))
+
+
 # --- assets ---------------------------------------------------------------------------------
 
 

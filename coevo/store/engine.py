@@ -18,16 +18,22 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import time
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import quote
-from typing import Any
+from typing import Any, TypeVar
 
 import pydantic_core
 import sqlalchemy as sa
 
 from coevo.errors import CoevoError
 
+T = TypeVar("T")
+
 DEFAULT_URL = "sqlite:///./coevo.db"
+_WAIT = {"timeout": 30.0}  # pysqlite's busy wait while connecting (its default is 5 s)
+LOCKED_RETRY_S = 60.0  # how long opening a store retries a lock SQLite did not wait for
 
 
 # Query parameters a store URL may carry; anything else is a typo that would be ignored.
@@ -106,12 +112,14 @@ def make_engine(url: str, readonly: bool = False) -> sa.Engine:
         if not u.database or u.database == ":memory:" or not Path(u.database).is_file():
             raise CoevoError(f"no store at {_safe(url)}: the file does not exist "
                              "(coevo init or coevo quickstart creates one)")
-        return _sqlite_settings(sa.create_engine(u, **json_args), "BEGIN",
-                                "query_only=ON", "busy_timeout=30000")
+        return _sqlite_settings(sa.create_engine(u, connect_args=_WAIT, **json_args), "BEGIN",
+                                "busy_timeout=30000", "query_only=ON")
     _check_sqlite_path(u.database, url)
     # WAL + synchronous NORMAL: a power cut may lose the last commits, never corrupts.
-    return _sqlite_settings(sa.create_engine(u, **json_args), "BEGIN IMMEDIATE", "foreign_keys=ON",
-                            "journal_mode=WAL", "synchronous=NORMAL", "busy_timeout=30000")
+    # busy_timeout first: the journal_mode switch below waits for a lock too.
+    return _sqlite_settings(sa.create_engine(u, connect_args=_WAIT, **json_args), "BEGIN IMMEDIATE",
+                            "busy_timeout=30000", "foreign_keys=ON", "journal_mode=WAL",
+                            "synchronous=NORMAL")
 
 
 def _check_sqlite_path(database: str, url: str) -> None:
@@ -171,6 +179,29 @@ def _sqlite_settings(engine: sa.Engine, begin: str, *pragmas: str) -> sa.Engine:
         conn.exec_driver_sql(begin)
 
     return engine
+
+
+def is_locked(e: BaseException) -> bool:
+    """SQLite's "database is locked" / "database table is locked" (SQLITE_BUSY / _LOCKED)."""
+    return "is locked" in str(getattr(e, "orig", e))
+
+
+def retry_locked(fn: Callable[[], T], deadline: float = LOCKED_RETRY_S) -> T:
+    """`fn()`, run again while it fails with SQLite's "database is locked", for up to `deadline`
+    seconds. SQLite returns SQLITE_BUSY without calling the busy handler in some moments of
+    another process's life: while it cleans up the WAL as the last connection closes, while it
+    recovers a WAL left by a crash, while it switches a new file to WAL (sqlite.org/wal.html,
+    "Sometimes Queries Return SQLITE_BUSY In WAL Mode"); two runs starting on one new store
+    meet these moments. Any other error, and a lock that outlasts the deadline, propagate."""
+    end, pause = time.monotonic() + deadline, 0.05
+    while True:
+        try:
+            return fn()
+        except sa.exc.OperationalError as e:
+            if not is_locked(e) or time.monotonic() + pause > end:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 2.0)
 
 
 def db_failure(url: str, e: sa.exc.DBAPIError) -> CoevoError:

@@ -31,7 +31,7 @@ from alembic.util import CommandError
 
 from coevo.errors import CoevoError
 from coevo.store.assets import AssetStore
-from coevo.store.engine import db_failure, make_engine, not_coevo, resolve_url
+from coevo.store.engine import db_failure, make_engine, not_coevo, resolve_url, retry_locked
 from coevo.store.episodes import EpisodeStore
 from coevo.store.lease import LeaseStore
 from coevo.store.proposals import ProposalStore
@@ -64,9 +64,12 @@ class Store(AssetStore, RunStore, EpisodeStore, ProposalStore, ReviewStore, Leas
         """Refuse a database that holds tables but not coevo's schema (another application's
         SQLite file, a shared PostgreSQL database): migrating would add coevo's tables to it.
         A file that is not a database, or a server that cannot be reached, fails here too."""
-        try:
+        def tables_now() -> list[str]:
             with self.engine.connect() as conn:
-                tables = sa.inspect(conn).get_table_names()
+                return sa.inspect(conn).get_table_names()
+
+        try:
+            tables = retry_locked(tables_now)
         except sa.exc.DBAPIError as e:
             self.engine.dispose()
             raise db_failure(self.url, e) from None
@@ -103,12 +106,15 @@ class Store(AssetStore, RunStore, EpisodeStore, ProposalStore, ReviewStore, Leas
 
     def upgrade(self, revision: str = "head") -> None:
         """Apply migrations up to `revision` in one transaction (`coevo db upgrade`)."""
-        try:
+        def migrate() -> None:
             with self.engine.begin() as conn:
                 if conn.dialect.name == "postgresql":
                     conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"),
                                  {"k": _PG_MIGRATION_LOCK})
                 command.upgrade(self._alembic(conn), revision)
+
+        try:
+            retry_locked(migrate)  # one transaction: a locked try left nothing behind
         except CommandError as e:
             raise CoevoError(
                 f"{self.url}: cannot migrate the schema to {revision!r}: {e} "
