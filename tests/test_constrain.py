@@ -312,3 +312,97 @@ def test_a_request_the_engine_rejects_fails_with_its_reason(backend):
     bad = Constraint.of_json_schema({"type": "object", "properties": {"a": {"not": {}}}})
     [[c]] = backend.generate([_req(bad, 1)])
     assert c.finish_reason == "error" and "not" in c.error and not c.token_ids
+
+
+# -- strings: copy -----------------------------------------------------------------------------
+
+HOTEL = {"name": "hotel", "parameters": {"type": "object", "required": ["city", "nights"],
+         "properties": {"city": {"type": "string"}, "nights": {"type": "integer"},
+                        "room": {"type": "string", "enum": ["single", "double"]},
+                        "tags": {"type": "array", "items": {"type": "string"}}}}}
+ASK = 'Book 3 nights in New York, near "Central Park", for me.\nThanks'
+
+
+@pytest.mark.parametrize("text,ok", [
+    ('[hotel(city="New York", nights=3)]', True),
+    ('[hotel(city="in New York, near", nights=3)]', True),  # any run of whole words
+    ('[hotel(city="Central Park", nights=3, room="double")]', True),  # enums stay enums
+    ('[hotel(city="Thanks", nights=3, tags=["nights", "me."])]', True),  # list items too
+    ('[hotel(city="Paris", nights=3)]', False),  # not in the question
+    ('[hotel(city="ew Yo", nights=3)]', False),  # not whole words
+    ('[hotel(city="New  York", nights=3)]', False),
+    ('[hotel(city=" New York", nights=3)]', False),  # no space at either end
+    ('[hotel(city="", nights=3)]', False),
+    ('[hotel(city=",", nights=3)]', False),  # punctuation alone is no value
+    ('[hotel(city="3", nights=3)]', True),
+    ('[hotel(city="near \\"Central", nights=3)]', False),  # a span stops at a quote
+    ('[hotel(city="me.\\nThanks", nights=3)]', False),  # and at a line break
+    ('[hotel(city="New York", nights=3, room="triple")]', False),
+])
+def test_copied_strings_are_spans_of_the_task_text(grammars, text, ok):
+    c = tool_call_constraint([HOTEL], "python", copy_from=ASK)
+    assert accepts(grammars, c, text) is ok
+    free = tool_call_constraint([HOTEL], "python")
+    assert accepts(grammars, free, '[hotel(city="Paris", nights=3)]')
+
+
+def test_strings_copy_is_a_harness_knob_checked_where_it_is_written(tmp_path):
+    from coevo.assets.io import load_asset
+
+    calls = _harness(constrain="tool_calls")
+    copy = _harness(constrain={"mode": "tool_calls", "strings": "copy"})
+    # `free`, the default, hashes as before the knob existed; `copy` is a new version
+    assert "strings" not in calls.content()["decoding"]["constrain"]
+    assert copy.hash != calls.hash and copy.content()["decoding"]["constrain"]["strings"] == "copy"
+    assert "%regex" not in calls.constraint([HOTEL], copy_from=ASK).text
+    grammar = copy.constraint([HOTEL], copy_from=ASK).text
+    assert '"substring_words": "Book 3 nights in New York, near"' in grammar
+    for bad, match in [({"decoding": {"constrain": {"mode": "tool_calls", "strings": "copy"}}},
+                        "for tool_format python only"),
+                       ({"tool_format": "python", "decoding": {"constrain": {"strings": "copy"}}},
+                        "needs mode tool_calls"),
+                       ({"tool_format": "python", "decoding": {"constrain": {
+                           "mode": "tool_calls", "strings": "quote"}}}, "strings")]:
+        path = tmp_path / "h.yaml"
+        path.write_text(json.dumps({"name": "h", "system_prompt": "x", **bad}))
+        with pytest.raises(AssetError, match=match):
+            load_asset(path, kind="harness")
+    with pytest.raises(UnsupportedConstraint, match="python tool format only"):
+        tool_call_constraint([HOTEL], "json", copy_from=ASK)
+
+
+def test_an_episode_copies_string_values_from_its_own_task(backend):
+    """Through the runtime: each task's grammar is built from that task's question, so a
+    random model's sampled city is always a span of its own question, never another's."""
+    from coevo.agent.episode import run_episodes_sync
+    from coevo.envs.base import Score, Task
+    from tiny_glue import SingleTurnEnv
+
+    class HotelEnv(SingleTurnEnv):
+        name = "test:hotel"
+        CITIES = ("Lima", "Oslo", "Cairo", "Quito")
+
+        def tasks(self, split="train", n=None):
+            return [Task(id=f"h-{c}", env=self.name, tools=[{"type": "function", "function": CITY}],
+                         messages=[{"role": "user", "content": f"Two nights in {c} please"}])
+                    for c in self.CITIES]
+
+        def score(self, task, state, response):
+            return Score(outcome=0.0, success=False)
+
+    CITY = {"name": "stay", "parameters": {"type": "object", "required": ["city"],
+            "properties": {"city": {"type": "string"}}}}
+    env = HotelEnv()
+    h = _harness(constrain={"mode": "tool_calls", "strings": "copy"},
+                 temperature=1.0, max_new_tokens=60)
+    trajs = run_episodes_sync(env, env.tasks(), h, backend=backend, samples=3, seeds=11)
+    cities = []
+    for t in trajs:
+        question = t.messages[-2]["content"]
+        for call in t.turns[-1].tool_calls:
+            cities.append(call.arguments["city"])
+            assert call.arguments["city"] in question, (call.arguments, question)
+            for other in HotelEnv.CITIES:
+                if other not in question:
+                    assert other not in call.arguments["city"]
+    assert len(cities) >= 6 and len(set(cities)) >= 3  # sampled, not one fixed answer

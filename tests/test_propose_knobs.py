@@ -54,3 +54,20 @@ def test_a_sweep_with_nothing_left_to_change_proposes_nothing():
 def test_a_bad_grid_is_refused_naming_the_knob(grid, field):
     with pytest.raises(CoevoError, match=r"proposers: knobs: .*" + field.replace(".", r"\.")):
         make_proposer("knobs", grid=grid)
+
+
+def test_copying_strings_is_a_knob_a_sweep_can_propose():
+    h = Harness.model_validate({"name": "h", "system_prompt": "Call the function.",
+                                "tool_format": "python",
+                                "decoding": {"constrain": {"mode": "tool_calls"}}})
+    [cand] = make_proposer("knobs", grid={"strings": ["copy"]}).propose(ctx(0, h))
+    assert cand.error is None and check_candidate(cand, Incumbent(harness=h)) is None
+    assert cand.asset.decoding.constrain.strings == "copy"
+    assert cand.asset.decoding.constrain.mode == "tool_calls"
+    assert cand.rationale.startswith('knob sweep: strings "free" -> "copy"')
+    # a json-format harness cannot copy: the candidate is invalid, naming the field
+    [bad] = make_proposer("knobs", grid={"strings": ["copy"]}).propose(
+        ctx(0, h.model_copy(update={"tool_format": "json"})))
+    assert bad.asset is None and "python only" in bad.error
+    with pytest.raises(CoevoError, match="grid.strings"):
+        make_proposer("knobs", grid={"strings": ["quote"]})

@@ -18,6 +18,7 @@ episode `status="infra_error"` with `outcome`/`reward` left None: missing data, 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -122,6 +123,12 @@ class _Batched:
         return out
 
 
+def task_text(task: Task) -> str:
+    """What `decoding.constrain.strings: copy` copies from: the task's user messages."""
+    return "\n".join(m["content"] for m in task.messages
+                     if m.get("role") == "user" and isinstance(m.get("content"), str))
+
+
 async def run_episode(env: Environment, task: Task, harness: Harness, *, generate: Any,
                       tokenizer: Any, seed: int, skills: Sequence[Any] = (),
                       rubric: Any = None, judge: Backend | None = None,
@@ -152,7 +159,8 @@ async def run_episode(env: Environment, task: Task, harness: Harness, *, generat
         tool_format=harness.tool_format, max_turns=1 if env.single_turn else wf.max_turns,
         extract=wf.answer_extraction.extract, reflection_prompt=wf.reflection_prompt,
         tools=own_tools, env_state=state, tool_timeout=tool_timeout,
-        constrain=harness.constraint if harness.decoding.constrain.mode != "none" else None)
+        constrain=(functools.partial(harness.constraint, copy_from=task_text(task))
+                   if harness.decoding.constrain.mode != "none" else None))
     try:
         await run_graph(ep, reflect_on_tool_error=wf.reflect_on_tool_error)
     except ContextError as exc:  # the template cannot continue this conversation

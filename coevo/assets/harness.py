@@ -248,12 +248,20 @@ class Constrain(_Model):
     completion is JSON valid under `json_schema`. regex: the whole completion matches `regex`
     (llguidance's regex dialect, linear time).
 
+    `strings` (tool_calls, python tool format): free, or copy: every string argument without
+    an enum or const is a span of whole words of the task's own text (its user messages;
+    coevo/models/grammars.py `copy_terminal`), the pointer-style extraction a small model gets
+    wrong by inventing or paraphrasing. A value the task does not spell out (a date reformatted,
+    a unit spelled differently) cannot be written then: the gate decides whether that trade
+    pays on an environment.
+
     Written in YAML as `constrain: tool_calls`, `constrain: {json_schema: {...}}`,
     `constrain: {regex: ...}` or in full (`{mode: tool_calls, max_calls: 2}`)."""
 
     mode: Literal["none", "tool_calls", "json_schema", "regex"] = "none"
     max_calls: int = Field(1, ge=1, le=16)
     allow_text: bool = False
+    strings: Literal["free", "copy"] = "free"
     json_schema: dict[str, JsonValue] | None = None
     regex: str | None = Field(None, min_length=1, max_length=2000)
 
@@ -278,12 +286,22 @@ class Constrain(_Model):
             check_json_schema(self.json_schema)
         if self.mode in ("json_schema", "regex"):
             self.constraint().check()  # UnsupportedConstraint is a ValueError: a clear field error
+        if self.strings != "free" and self.mode != "tool_calls":
+            raise ValueError(f"strings: {self.strings} needs mode tool_calls")
         return self
 
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> Any:
+        data = handler(self)
+        # The default is left out, so a harness hashes as it did before `strings` existed.
+        if isinstance(data, dict) and data.get("strings") == "free":
+            del data["strings"]
+        return data
+
     def constraint(self, specs: Sequence[dict[str, Any]] = (), tool_format: str = "json",
-                   source: str = "") -> Constraint | None:
+                   source: str = "", copy_from: str = "") -> Constraint | None:
         """The Constraint of one turn that offers `specs`, or None (mode none, or tool_calls
-        with no function offered)."""
+        with no function offered). `copy_from`: the task's text, for `strings: copy`."""
         if self.mode == "none":
             return None
         if self.mode == "json_schema":
@@ -293,7 +311,8 @@ class Constrain(_Model):
         if not specs:
             return None
         return tool_call_constraint(specs, tool_format, self.max_calls, self.allow_text,
-                                    source=source)
+                                    source=source,
+                                    copy_from=copy_from if self.strings == "copy" else None)
 
 
 class Decoding(_Model):
@@ -356,6 +375,13 @@ class Harness(Asset):
             raise ValueError(f"tool {dup[0]!r} is defined twice")
         return v
 
+    @model_validator(mode="after")
+    def _copy_needs_python(self) -> "Harness":
+        if self.decoding.constrain.strings == "copy" and self.tool_format != "python":
+            raise ValueError("decoding.constrain.strings: copy is implemented for tool_format "
+                             f"python only, not {self.tool_format}")
+        return self
+
     def content(self) -> dict[str, Any]:
         # An unconstrained harness with static demos hashes as it did before
         # `decoding.constrain` and `demo_selection` existed, so stored versions keep their
@@ -398,12 +424,15 @@ class Harness(Asset):
     def sampling(self, seed: int | None = None) -> Sampling:
         return Sampling(**self.decoding.model_dump(exclude={"constrain"}), seed=seed)
 
-    def constraint(self, task_tools: Sequence[dict[str, Any]] = ()) -> Constraint | None:
-        """The grammar of a policy turn of a task offering `task_tools` (None: free text).
+    def constraint(self, task_tools: Sequence[dict[str, Any]] = (),
+                   copy_from: str = "") -> Constraint | None:
+        """The grammar of a policy turn of a task offering `task_tools` (None: free text);
+        `copy_from` is the task's text (`decoding.constrain.strings: copy` copies from it).
         Raises UnsupportedConstraint when a function's schema cannot be expressed."""
         specs = self.tool_specs(task_tools)
         return self.decoding.constrain.constraint(specs, self.tool_format,
-                                                  source=f"harness {self.name}")
+                                                  source=f"harness {self.name}",
+                                                  copy_from=copy_from)
 
     def tool_specs(self, task_tools: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
         """Task functions then harness tools, as OpenAI specs (what `Request.tools` gets)."""

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -184,10 +185,12 @@ def calls_json_schema(specs: Sequence[dict[str, Any]], max_calls: int = 1) -> di
 
 
 def tool_call_constraint(specs: Sequence[dict[str, Any]], fmt: str, max_calls: int = 1,
-                         allow_text: bool = False, source: str = "") -> Constraint:
+                         allow_text: bool = False, source: str = "",
+                         copy_from: str | None = None) -> Constraint:
     """The constraint for a turn that offers `specs` (OpenAI function specs) in format `fmt`
     (json | python | chat_template); see the module docstring. Raises UnsupportedConstraint
-    for no functions, an unknown format or a schema the format cannot express."""
+    for no functions, an unknown format or a schema the format cannot express. `copy_from`
+    (python format only): free string values must be spans of that text."""
     if not specs:
         raise UnsupportedConstraint(f"{source or 'tool_calls'}: no functions are offered, so "
                                     "there is no call to constrain to")
@@ -197,6 +200,9 @@ def tool_call_constraint(specs: Sequence[dict[str, Any]], fmt: str, max_calls: i
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise UnsupportedConstraint(f"function {dup[0]!r} is offered twice")
+    if copy_from is not None and fmt != "python":
+        raise UnsupportedConstraint(f"{source or 'tool_calls'}: strings: copy is implemented "
+                                    f"for the python tool format only, not {fmt!r}")
     if fmt == "json" and not allow_text:
         c = Constraint.of_json_schema(calls_json_schema(specs, max_calls), source=source)
     elif fmt == "json":
@@ -204,7 +210,8 @@ def tool_call_constraint(specs: Sequence[dict[str, Any]], fmt: str, max_calls: i
         c = Constraint.of_lark(f"start: calls | TEXT\ncalls: %json {schema}\n{_text_rule('{[')}",
                                source=source)
     elif fmt == "python":
-        c = Constraint.of_lark(python_calls_lark(specs, max_calls, allow_text), source=source)
+        c = Constraint.of_lark(python_calls_lark(specs, max_calls, allow_text, copy_from),
+                               source=source)
     elif fmt == "chat_template":
         c = Constraint.of_lark(chat_template_lark(specs, max_calls, allow_text), source=source)
     else:
@@ -237,11 +244,13 @@ def chat_template_lark(specs: Sequence[dict[str, Any]], max_calls: int,
 
 
 class _Lark:
-    """Collects the rules of one Lark grammar, naming each new rule uniquely."""
+    """Collects the rules of one Lark grammar, naming each new rule uniquely. `string` is the
+    expression a free string value is written with (STRING, or COPY under `copy_from`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, string: str = "STRING") -> None:
         self.rules: list[str] = []
         self.n = 0
+        self.string = string
 
     def rule(self, body: str, hint: str = "r") -> str:
         self.n += 1
@@ -349,7 +358,7 @@ def _value(schema: Any, g: _Lark, where: str) -> str:
         else:
             return "any_value"
     if t == "string":
-        return "STRING"
+        return g.string
     if t == "integer":
         return "INT"
     if t == "number":
@@ -400,12 +409,50 @@ def _call_rule(fn: dict[str, Any], g: _Lark) -> str:
 
 
 def python_calls_lark(specs: Sequence[dict[str, Any]], max_calls: int = 1,
-                      allow_text: bool = False) -> str:
-    """The python (BFCL) call-list format as a Lark grammar (see the module docstring)."""
-    g = _Lark()
+                      allow_text: bool = False, copy_from: str | None = None) -> str:
+    """The python (BFCL) call-list format as a Lark grammar (see the module docstring); with
+    `copy_from`, every free string value is a span of that text (`copy_terminal`)."""
+    copy = copy_terminal(copy_from) if copy_from is not None else None
+    g = _Lark("COPY" if copy else "STRING")
     calls = [_call_rule(_function(s), g) for s in specs]
     call = g.rule(" | ".join(calls), "anycall")
     more = f' (", " {call}){{0,{max_calls - 1}}}' if max_calls > 1 else ""
     head = ["start: calls" + (" | TEXT" if allow_text else ""), f'calls: "[" {call}{more} "]"']
     text = _text_rule("[") if allow_text else ""
-    return "\n".join(head + g.rules) + "\n" + _TERMINALS + text
+    return "\n".join(head + g.rules) + "\n" + _TERMINALS + (copy or "") + text
+
+
+# A span may not cross what a Python string literal would have to escape.
+_UNCOPYABLE = re.compile(r'["\\\x00-\x1f\x7f]+')
+
+
+def copy_spans(text: str) -> list[str]:
+    """The stretches of `text` a copied string may come from: split where a character would
+    need escaping in a Python string literal (quotes, backslashes, newlines, controls), each
+    stripped; duplicates once.
+
+    >>> copy_spans('Find the movie "Heat" (1995)\\nby Michael Mann.')
+    ['Find the movie', 'Heat', '(1995)', 'by Michael Mann.']
+    """
+    out: list[str] = []
+    for part in _UNCOPYABLE.split(text):
+        part = part.strip()
+        if part and part not in out:
+            out.append(part)
+    return out
+
+
+def copy_terminal(text: str) -> str | None:
+    """The COPY terminal: a double-quoted span of whole words of `text` (llguidance's
+    `substring_words`: any run of consecutive word and punctuation chunks, e.g. "Paris" or
+    "New York" from "hotels in New York near Paris", never "ew Yo"), with no space at either
+    end and a letter or digit in it. None when `text` has nothing to copy (free strings stay STRING)."""
+    spans = copy_spans(text)
+    if not spans:
+        return None
+    alts = " | ".join(f"%regex {json.dumps({'substring_words': s}, ensure_ascii=False)}"
+                      for s in spans)
+    # intersected with "no space at either end" (a span may start at a space chunk) and "a
+    # letter or digit somewhere" (a lone "," or "?" chunk is a span too)
+    return f'COPY: "\\"" (({alts}) & /\\S(.*\\S)?/ & /.*[\\p{{L}}\\p{{N}}].*/) "\\""\n'
+

@@ -61,6 +61,7 @@ KNOBS: dict[str, tuple[str, ...]] = {
     "constrain": ("decoding", "constrain", "mode"),
     "max_calls": ("decoding", "constrain", "max_calls"),
     "allow_text": ("decoding", "constrain", "allow_text"),
+    "strings": ("decoding", "constrain", "strings"),  # free | copy (spans of the task's text)
 }
 # Knobs offered with fewer values than their field admits: grammar-constrained decoding may be
 # toggled, but a json_schema / regex grammar needs a body no knob carries.
