@@ -10,7 +10,7 @@ errors. Per-task outcomes go to a JSON file (default bench/data/bfcl_harnesses.j
 table can be rebuilt (`--report-only`) and paired comparisons made from it.
 
     python bench/bfcl_harnesses.py [--categories simple_python,multiple] [--splits val,test]
-        [--harnesses function_calling,function_calling_constrained] [--decodings greedy,sampled]
+        [--harnesses function_calling,function_calling_constrained[:copy]] [--decodings greedy,sampled]
         [--n N] [--model embedded] [--out bench/data/bfcl_harnesses.json] [--report-only]
 """
 
@@ -121,6 +121,22 @@ def table(data: dict) -> str:
     return "\n".join(lines)
 
 
+def load_harness(name: str):
+    """harnesses/<name>.yaml; `<name>:copy` is that harness with
+    `decoding.constrain.strings: copy` (string arguments copied from the question)."""
+    from coevo.assets.io import load_asset
+
+    base, _, variant = name.partition(":")
+    harness = load_asset(ROOT / "harnesses" / f"{base}.yaml")
+    if variant == "copy":
+        d = harness.decoding
+        return harness.child(decoding=d.model_copy(update={
+            "constrain": d.constrain.model_copy(update={"strings": "copy"})}))
+    if variant:
+        raise SystemExit(f"--harnesses: unknown variant {variant!r} of {base} (known: copy)")
+    return harness
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--categories", default="simple_python,multiple")
@@ -137,7 +153,6 @@ def main() -> None:
     if not args.report_only:
         import torch
 
-        from coevo.assets.io import load_asset
         from coevo.envs.bfcl import BFCLEnv
         from coevo.models.registry import load_backend
 
@@ -148,7 +163,7 @@ def main() -> None:
             for split in args.splits.split(","):
                 tasks = env.tasks(split, args.n)
                 for name in args.harnesses.split(","):
-                    harness = load_asset(ROOT / "harnesses" / f"{name}.yaml")
+                    harness = load_harness(name)
                     for decoding in args.decodings.split(","):
                         key = f"{cat}|{split}|{name}|{decoding}"
                         if key in data["cells"] and len(data["cells"][key]["rows"]) == len(tasks):
