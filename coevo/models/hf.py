@@ -50,6 +50,7 @@ import torch
 from coevo.errors import CoevoError
 from coevo.registry import BadOptions
 from coevo.models.base import Completion, Request, Sampling, error_completion
+from coevo.models.cpu_memory import pin_mmap_threshold
 from coevo.models.logits import Settings, filter_logits, token_logprobs
 
 log = logging.getLogger(__name__)
@@ -170,6 +171,8 @@ class HFBackend:
         self.device = torch.device(device) if device is not None else _model_device(model)
         self.max_batch = max_batch
         self.share_prefill = share_prefill
+        if self.device.type == "cpu":  # keeps freed tensors from staying resident (cpu_memory.py)
+            pin_mmap_threshold()
         self.adapter: str | None = None
         self._adapters_loaded = 0
         self._eos = eos_ids(tokenizer, model)
