@@ -335,6 +335,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if a.report_only:
         data = a.data or [DATA]
         reports = [load_data(d) for d in data]
+        for rep, d in zip(reports, data):  # the file it was read from (a run may have stored
+            d = Path(d).resolve()          # the --out path it wrote first)
+            rep["data"] = str(d.relative_to(REPO)) if d.is_relative_to(REPO) else d.name
         path = write_results(reports, a.results)
         _say(f"rebuilt {path} from {', '.join(map(str, data))}")
         return reports[0] if len(reports) == 1 else reports
@@ -416,19 +419,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "configs": {b.env: b.model_dump(mode="json", exclude=_SET_BY_BENCH) for b in bases},
               "base_val": base_vals, "runs": runs, "null": null,
               "data": str(data_path.relative_to(REPO)) if data_path.is_relative_to(REPO) else str(data_path)}
-    report = portable(report, out)
+    report = portable(report, out, a.results)
     write_data(report, data_path)
     path = write_results(report, a.results)
     _say(f"done in {report['seconds'] / 60:.1f} min (estimate {est / 60:.0f}); wrote {path} and {data_path}")
     return report
 
 
-def portable(report: dict[str, Any], out: Path) -> dict[str, Any]:
+def portable(report: dict[str, Any], out: Path, results: Path | None = None) -> dict[str, Any]:
     """`report` with this checkout's path written "." and the --out folder "<out>" (in the
-    command, the configs' seed_dir and checkpoint folders): the stored data and the page name
-    no folder of the machine that ran the bench."""
+    command, the configs' seed_dir and checkpoint folders), and a --results page outside the
+    checkout "<results>": the stored data and the page name no folder of the machine that ran
+    the bench."""
     text = json.dumps(report, default=str)
-    for path, name in ((out.resolve(), "<out>"), (REPO.resolve(), ".")):
+    pairs = [(out.resolve(), "<out>")]
+    if results is not None and not results.resolve().is_relative_to(REPO.resolve()):
+        pairs.append((results.resolve(), "<results>"))
+    for path, name in (*pairs, (REPO.resolve(), ".")):
         text = text.replace(json.dumps(str(path))[1:-1], name)
     return json.loads(text)
 

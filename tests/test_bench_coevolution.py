@@ -13,6 +13,7 @@ evaluate, the null check, the RESULTS.md generator and the PNG plot.
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -402,3 +403,32 @@ def test_stored_report_names_no_folder_of_the_machine_that_ran_it(tmp_path):
     assert got["configs"]["e"]["assets"]["seed_dir"] == "."
     assert got["configs"]["e"]["rl"]["stage"]["checkpoint_dir"] == "<out>/checkpoints/e"
     assert str(tmp_path) not in str(got) and got["seconds"] == 60.0
+
+
+def test_a_results_page_outside_the_checkout_is_named_not_stored(tmp_path):
+    """A --results page outside the checkout went into the stored command as the machine's
+    own path; inside the checkout it stays relative."""
+    out, page = tmp_path / "o", tmp_path / "elsewhere" / "R.md"
+    rep = {"command": f"python bench/coevolution.py --out {out} --results {page}"}
+    got = bench.portable(rep, out, page)
+    assert got["command"] == "python bench/coevolution.py --out <out> --results <results>"
+    inside = bench.REPO / "docs" / "RESULTS.md"
+    rep = {"command": f"python bench/coevolution.py --results {inside}"}
+    assert bench.portable(rep, out, inside)["command"] == \
+        "python bench/coevolution.py --results ./docs/RESULTS.md"
+
+
+def test_the_rebuild_command_names_the_files_the_page_was_built_from(tmp_path):
+    """A data file keeps the --out path its run first wrote it to; the page's rebuild command
+    named that path (`<out>/coevolution.json`), which no one can rerun."""
+    src = bench.REPO / "bench" / "data" / "coevolution-bfcl-copy.json"
+    moved = tmp_path / "kept.json"
+    data = json.loads(src.read_text())
+    data["data"] = "<out>/coevolution.json"
+    moved.write_text(json.dumps(data))
+    page = tmp_path / "R.md"
+    bench.main(["--report-only", "--data", str(src), "--data", str(moved), "--results", str(page)])
+    text = page.read_text()
+    assert ("--report-only --data bench/data/coevolution-bfcl-copy.json --data kept.json`"
+            in text)
+    assert "<out>/coevolution.json" not in text
