@@ -335,9 +335,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if a.report_only:
         data = a.data or [DATA]
         reports = [load_data(d) for d in data]
-        for rep, d in zip(reports, data):  # the file it was read from (a run may have stored
-            d = Path(d).resolve()          # the --out path it wrote first)
-            rep["data"] = str(d.relative_to(REPO)) if d.is_relative_to(REPO) else d.name
+        for rep, d in zip(reports, data):
+            stored = str(rep.get("data", ""))
+            if stored.startswith("<") or Path(stored).is_absolute():  # an --out path: not
+                d = Path(d).resolve()  # rerunnable, so name the file it was read from
+                rep["data"] = str(d.relative_to(REPO)) if d.is_relative_to(REPO) else d.name
         path = write_results(reports, a.results)
         _say(f"rebuilt {path} from {', '.join(map(str, data))}")
         return reports[0] if len(reports) == 1 else reports
@@ -418,7 +420,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "reused": reused,
               "configs": {b.env: b.model_dump(mode="json", exclude=_SET_BY_BENCH) for b in bases},
               "base_val": base_vals, "runs": runs, "null": null,
-              "data": str(data_path.relative_to(REPO)) if data_path.is_relative_to(REPO) else str(data_path)}
+              "data": str(data_path.relative_to(REPO)) if data_path.is_relative_to(REPO) else data_path.name}
     report = portable(report, out, a.results)
     write_data(report, data_path)
     path = write_results(report, a.results)
