@@ -338,8 +338,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for rep, d in zip(reports, data):
             stored = str(rep.get("data", ""))
             if stored.startswith("<") or Path(stored).is_absolute():  # an --out path: not
-                d = Path(d).resolve()  # rerunnable, so name the file it was read from
-                rep["data"] = str(d.relative_to(REPO)) if d.is_relative_to(REPO) else d.name
+                rep["data"] = data_name(Path(d))  # rerunnable, so name the file read
         path = write_results(reports, a.results)
         _say(f"rebuilt {path} from {', '.join(map(str, data))}")
         return reports[0] if len(reports) == 1 else reports
@@ -420,12 +419,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "reused": reused,
               "configs": {b.env: b.model_dump(mode="json", exclude=_SET_BY_BENCH) for b in bases},
               "base_val": base_vals, "runs": runs, "null": null,
-              "data": str(data_path.relative_to(REPO)) if data_path.is_relative_to(REPO) else data_path.name}
+              "data": data_name(data_path)}
     report = portable(report, out, a.results)
     write_data(report, data_path)
     path = write_results(report, a.results)
     _say(f"done in {report['seconds'] / 60:.1f} min (estimate {est / 60:.0f}); wrote {path} and {data_path}")
     return report
+
+
+def data_name(path: Path) -> str:
+    """How the page names a data file: relative to the checkout, or by its file name."""
+    path = path.resolve()
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else path.name
 
 
 def portable(report: dict[str, Any], out: Path, results: Path | None = None) -> dict[str, Any]:

@@ -26,12 +26,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 ARM = """
 import json, re, sys, time
-sys.path.insert(0, {root!r})
+sys.path[:0] = [{root!r}, {bench!r}]
 import coevo.models.hf as hf
 if {dynamic}:
     hf.pin_mmap_threshold = lambda: None  # glibc's default: the threshold follows frees
+from bfcl_harnesses import load_harness
 from coevo.agent.episode import run_episodes_sync
-from coevo.assets.io import load_asset
 from coevo.envs.registry import make_env
 from coevo.models.embedded import load_embedded
 
@@ -40,9 +40,7 @@ def status(key):
     return int(re.search(key + r":\\s+(\\d+)", text).group(1)) * 1024 / 1e9
 
 env = make_env("bfcl:simple_python")
-h = load_asset({harness!r})
-d = h.model_dump(); d["decoding"]["constrain"]["strings"] = "copy"
-h = type(h).model_validate(d)
+h = load_harness("function_calling_constrained:copy")
 backend = load_embedded()
 tasks = env.tasks("val")[:{tasks}]
 for rep in range({reps}):
@@ -55,8 +53,8 @@ for rep in range({reps}):
 
 
 def arm(dynamic: bool, tasks: int, reps: int) -> list[dict]:
-    code = ARM.format(root=str(ROOT), dynamic=dynamic, tasks=tasks, reps=reps,
-                      harness=str(ROOT / "harnesses" / "function_calling_constrained.yaml"))
+    code = ARM.format(root=str(ROOT), bench=str(ROOT / "bench"), dynamic=dynamic, tasks=tasks,
+                      reps=reps)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     if out.returncode != 0:
         raise SystemExit(f"arm {'dynamic' if dynamic else 'pinned'} failed:\n{out.stderr[-3000:]}")

@@ -23,7 +23,6 @@ glibc. The cost, a page fault per fresh page of a large tensor, did not show in 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import threading
 
