@@ -71,3 +71,30 @@ def test_copying_strings_is_a_knob_a_sweep_can_propose():
     assert bad.asset is None and "python only" in bad.error
     with pytest.raises(CoevoError, match="grid.strings"):
         make_proposer("knobs", grid={"strings": ["quote"]})
+
+
+def test_combine_proposes_every_joint_setting_as_one_family():
+    h = Harness.model_validate({"name": "h", "system_prompt": "Call the function.",
+                                "tool_format": "python",
+                                "decoding": {"temperature": 0.7,
+                                             "constrain": {"mode": "tool_calls"}}})
+    grid = {"strings": ["copy"], "temperature": [0.0, 0.3]}
+    p = make_proposer("knobs", grid=grid, combine=True, per_round=5)
+    cands = p.propose(ctx(0, h))
+    got = [(c.asset.decoding.constrain.strings, c.asset.decoding.temperature) for c in cands]
+    # singles in grid order, then the pairs: 1 + 2 singles, 1 x 2 pairs
+    assert got == [("copy", 0.7), ("free", 0.0), ("free", 0.3), ("copy", 0.0), ("copy", 0.3)]
+    assert all(c.error is None and check_candidate(c, Incumbent(harness=h)) is None
+               for c in cands)
+    assert cands[3].rationale.startswith(
+        'knob sweep: strings "free" -> "copy", temperature 0.7 -> 0.0 (round 0')
+    assert cands[3].asset.model_dump(exclude={"decoding", "parent"}) == h.model_dump(
+        exclude={"decoding", "parent"})
+    # without combine, the same grid is one knob at a time
+    assert len(make_proposer("knobs", grid=grid, per_round=5).propose(ctx(0, h))) == 3
+    # from an incumbent that already copies, the combinations reduce to temperature alone
+    copied = cands[0].asset
+    left = make_proposer("knobs", grid=grid, combine=True, per_round=5).propose(ctx(0, copied))
+    assert [c.asset.decoding.temperature for c in left] == [0.0, 0.3]
+    with pytest.raises(CoevoError, match=r"proposers: knobs: .*combine: expected true or false"):
+        make_proposer("knobs", grid=grid, combine="yes")
