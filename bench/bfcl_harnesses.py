@@ -11,7 +11,13 @@ table can be rebuilt (`--report-only`) and paired comparisons made from it.
 
     python bench/bfcl_harnesses.py [--categories simple_python,multiple] [--splits val,test]
         [--harnesses function_calling,function_calling_constrained[:copy]] [--decodings greedy,sampled]
-        [--n N] [--model embedded] [--out bench/data/bfcl_harnesses.json] [--report-only]
+        [--n N] [--model embedded] [--skills none|seed] [--out bench/data/bfcl_harnesses.json]
+        [--report-only]
+
+`--skills seed` shows the model the seed skill library (skills/, chosen per task as the
+harness's `skills` section says), as a `coevo run` whose config names `skill_library: seed`
+does (the co-evolution bench's configs); its cells are keyed `<harness>+skills`. Without it
+the agent is the harness alone.
 """
 
 from __future__ import annotations
@@ -62,7 +68,17 @@ def bfcl_strict(text: str, functions: list, answer: list, category: str) -> bool
     return bool(res.get("valid"))
 
 
-def run_cell(env, tasks, harness, backend, decoding: str, category: str) -> list[dict]:
+def seed_skills() -> tuple[list, object]:
+    """The skills of the seed folder and the `seed` library holding them (load_seed_dir)."""
+    from coevo.assets.io import load_seed_dir
+
+    assets = load_seed_dir(ROOT)
+    return ([a for a in assets if a.kind == "skill"],
+            next(a for a in assets if a.kind == "skill_library"))
+
+
+def run_cell(env, tasks, harness, backend, decoding: str, category: str,
+             skills: tuple[list, object] = ([], None)) -> list[dict]:
     from coevo.agent.episode import run_episodes_sync
     from coevo.envs.base import Response
 
@@ -70,7 +86,7 @@ def run_cell(env, tasks, harness, backend, decoding: str, category: str) -> list
         harness = harness.model_copy(update={"decoding": harness.decoding.model_copy(
             update={"temperature": 0.0})})
     trajs = run_episodes_sync(env, tasks, harness, backend=backend, samples=1, seeds=0,
-                              split="eval")
+                              split="eval", skills=skills[0], library=skills[1])
     rows = []
     for task, t in zip(tasks, trajs):
         if t.status != "ok":
@@ -145,6 +161,8 @@ def main() -> None:
     ap.add_argument("--decodings", default="greedy,sampled")
     ap.add_argument("--n", type=int, default=None, help="tasks per split (default: all)")
     ap.add_argument("--model", default="embedded")
+    ap.add_argument("--skills", choices=["none", "seed"], default="none",
+                    help="show the seed skill library (skills/) as coevo run does")
     ap.add_argument("--out", default=str(ROOT / "bench" / "data" / "bfcl_harnesses.json"))
     ap.add_argument("--report-only", action="store_true")
     args = ap.parse_args()
@@ -158,6 +176,8 @@ def main() -> None:
 
         torch.manual_seed(0)
         backend = load_backend(args.model)
+        skills = seed_skills() if args.skills == "seed" else ([], None)
+        suffix = "+skills" if args.skills == "seed" else ""
         for cat in args.categories.split(","):
             env = BFCLEnv(cat)
             for split in args.splits.split(","):
@@ -165,11 +185,11 @@ def main() -> None:
                 for name in args.harnesses.split(","):
                     harness = load_harness(name)
                     for decoding in args.decodings.split(","):
-                        key = f"{cat}|{split}|{name}|{decoding}"
+                        key = f"{cat}|{split}|{name}{suffix}|{decoding}"
                         if key in data["cells"] and len(data["cells"][key]["rows"]) == len(tasks):
                             continue  # resumable: finished cells are kept
                         t0 = time.perf_counter()
-                        rows = run_cell(env, tasks, harness, backend, decoding, cat)
+                        rows = run_cell(env, tasks, harness, backend, decoding, cat, skills)
                         secs = time.perf_counter() - t0
                         data["cells"][key] = {"harness_hash": harness.hash, "model": args.model,
                                               "seconds": secs, "rows": rows}
