@@ -27,9 +27,11 @@ for the val split while the pair's effect against the incumbent is not. With `co
 options are every combination of the grid's settings (at most one value per knob, at least one
 knob changed), singles first, then pairs, and so on in grid order; `per_round` at the number of
 combinations proposes them all as one round, which the gate decides as one Holm family and
-keeps the best accepted of (coevo/gatestep.py). Measured on BFCL simple_python val (72 tasks,
-bench/README.md "Copied strings"): copy greedy against the constrained seed won 10 tasks and
-lost 1, while greedy against copy alone won 6 and lost 3.
+keeps the best accepted of (coevo/gatestep.py). The price is power: each candidate must pass
+Holm's level for the whole family. Measured (bench/README.md, `bfcl-joint`): on BFCL
+simple_python, the joint setting (copied strings and greedy decoding) did not beat the
+constrained seed on val at the gate's seeds, and copied strings alone, accepted at alpha in
+every seed of the one-knob sweep, missed alpha / 3 in one of two seeds. Off by default.
 
 Safety: knobs are the `harness` proposer's whitelist (`coevo.propose.harness.KNOBS`), each
 value is checked against the knob's declared type and bounds when the proposer is built (a
