@@ -72,6 +72,7 @@ from coevo.propose.feedback import verifier_feedback
 from coevo.reviewstep import review_step
 from coevo.runtime import runtime_info
 from coevo.traces import imported_traces
+from coevo.valcurve import track_score
 
 log = logging.getLogger("coevo.loop")
 _RESUMABLE_CHANGES = {"rounds", "budgets", "tracking"}  # config keys a resume may change
@@ -409,43 +410,6 @@ def end_round(run: _Run, r: int, incumbent: Incumbent, accepted: list[Candidate]
     run.observer.round_done(r)
     run.progress(f"round {r}: done, {len(accepted)} accepted" + (f"; stopping: {stop}" if stop else ""))
     return stop
-
-
-def track_score(run: _Run, r: int, incumbent: Incumbent, key: str,
-                split: str = "val") -> dict[str, Any]:
-    """The incumbent's score on the whole val split, or with split="test" on the test split
-    (the val curve of the report and the quickstart's before/after), stored in round r's
-    summary as `<key>_score` and `evaluations[key]`. Measurement, not part of the algorithm:
-    it uses the loop's fixed seed (the same per-task seeds every round, so rounds compare),
-    never feeds a decision, and is charged as `eval_rollouts`, apart from the budgets the
-    modes are matched on.
-    Idempotent: the evaluation id is written to the running round before anything else, so
-    a resumed round reuses it. The test split is scored this way only by `splits.seed_test`."""
-    sp = run.cfg.splits
-    if split == "val" and not sp.track_val:
-        return {}
-    summary = run.store.get_round(run.id, r).summary
-    evs = dict(summary.get("evaluations") or {})
-    if key in evs:
-        rec = run.store.get_evaluation(evs[key])
-        res = EvalResult.model_validate({**rec.summary, "evaluation": rec.id})
-    else:
-        k = run.key("track", r, key)
-        tasks = run.val if split == "val" else list(run.parts.env.tasks("test", sp.test_n))
-        res = evaluate(run.store, run.parts.env, incumbent.agent_assets(), run.parts.backend,
-                       tasks=tasks, split=split,
-                       samples=sp.val_samples if split == "val" else sp.test_samples,
-                       seed=run.cfg.seed, checkpoint=incumbent.checkpoint, run=run.id, round=r,
-                       judge=run.judge, key=k, on_stored=lambda res: run.store.add_budget(
-                           run.id, "eval_rollouts", res.n_episodes, round=r, key=k),
-                       progress=run.counter(f"round {r}: {key.replace('_', ' ')}"))
-        evs[key] = res.evaluation
-        with run.store.transaction():
-            run.store.finish_round(run.id, r, "running", summary={
-                **summary, "evaluations": evs, f"{key}_score": res.mean,
-                f"{key}_ci": [res.ci_low, res.ci_high]})
-        run.progress(f"round {r}: {key} {res.line()}")
-    return {"evaluations": evs, f"{key}_score": res.mean, f"{key}_ci": [res.ci_low, res.ci_high]}
 
 
 # --- the stages ----------------------------------------------------------------------------------

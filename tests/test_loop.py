@@ -602,3 +602,20 @@ def test_the_gate_plans_only_what_the_round_budget_can_pay_for(tmp_path):
     [other] = store.decisions(props[NO_EFFECT["rationale"]].id)
     assert other.policy == "budget" and "rollouts 24 >= 24" in other.reason
     assert store.budget_totals(res.run, round=0)["rollouts"] == 24
+
+
+def test_an_unchanged_incumbent_s_val_score_is_reused_not_rerun(tmp_path):
+    """Harness-only rounds that accept nothing leave the incumbent as it was (assets, no
+    checkpoint): its val evaluation is the same measurement, so later rounds reuse it."""
+    cfg, store, parts, res = _run(tmp_path, "harness-only", candidates=(NO_EFFECT,), rounds=3)
+    rounds = store.rounds(res.run)
+    assert len(rounds) == 3 and not any(x.summary["accepted"] for x in rounds)
+    start = rounds[0].summary["evaluations"]["val_start"]
+    assert [x.summary["evaluations"]["val"] for x in rounds] == [start] * 3
+    assert [x.summary["val_score"] for x in rounds] == [rounds[0].summary["val_start_score"]] * 3
+    # one val evaluation's episodes (12 tasks x 1 sample) were run and charged, not four
+    assert sum(x.summary["spent"].get("eval_rollouts", 0) for x in rounds) == 12
+    # an incumbent that changes is measured afresh (the gated test: 0.0 -> 1.0)
+    _, store2, _, res2 = _run(tmp_path / "g", "gated")
+    [r0] = store2.rounds(res2.run)
+    assert r0.summary["evaluations"]["val"] != r0.summary["evaluations"]["val_start"]
