@@ -95,6 +95,9 @@ class Budgets(_Block):
     stop_run_on_exhaustion: bool = False
     # Stop the run after this many consecutive rounds that accepted nothing (None: never).
     patience: int | None = Field(None, ge=1)
+    # Stop a run without RL once a round proposes only candidates the gate already rejected
+    # against the same incumbent: the next round would repeat them (coevo/stoprules.py).
+    stop_on_repeats: bool = True
 
 
 class RunConfig(_Block):

@@ -55,7 +55,7 @@ from coevo.frozen_splits import check_frozen
 from coevo.gateplan import size_val_split
 from coevo.gatestep import gate_step
 from coevo.killpoints import KILL_ENV, kill_point  # noqa: F401  (KILL_ENV: for the tests)
-from coevo.ledger import eval_charge, over_budget
+from coevo.ledger import eval_charge
 from coevo.modes import peer_round
 from coevo.observer import NoObserver, RunObserver, observing
 from coevo.propose.base import (
@@ -72,6 +72,7 @@ from coevo.propose.feedback import verifier_feedback
 from coevo.reviewstep import review_step
 from coevo.runtime import runtime_info
 from coevo.traces import imported_traces
+from coevo.stoprules import why_stop
 from coevo.valcurve import track_score
 
 log = logging.getLogger("coevo.loop")
@@ -393,16 +394,7 @@ def begin_round(run: _Run, r: int) -> None:
 
 def end_round(run: _Run, r: int, incumbent: Incumbent, accepted: list[Candidate]) -> str | None:
     """Close round r with the incumbent's hashes; returns why the run stops now (or None)."""
-    stop = None
-    exhausted = over_budget(run.store, run.id, r, run.cfg.budgets)
-    if exhausted and run.cfg.budgets.stop_run_on_exhaustion:
-        stop = f"budget exhausted: {exhausted}"
-    patience = run.cfg.budgets.patience
-    if stop is None and patience is not None and r + 1 >= patience:
-        recent = [x.summary.get("accepted", []) for x in run.store.rounds(run.id)
-                  if x.status == "done" and x.index > r - patience]
-        if not accepted and len(recent) == patience - 1 and not any(recent):
-            stop = f"no accepted proposal in the last {patience} rounds"
+    stop = why_stop(run, r, accepted)  # coevo/stoprules.py
     summary = {**run.store.get_round(run.id, r).summary, **track_score(run, r, incumbent, "val"),
                "incumbent": incumbent.hashes(), "accepted": [c.hash for c in accepted],
                "spent": run.store.budget_totals(run.id, round=r), "stop": stop}

@@ -54,7 +54,7 @@ def test_a_candidate_rejected_earlier_in_the_stretch_is_not_compared_again(tmp_p
     a new comparison of the same hypothesis would only re-draw the noise."""
     again = {**NO_EFFECT, "round": None}
     cfg, store, _, res = _run(tmp_path, "harness-only", (again,), rounds=3,
-                              budgets={"patience": None})
+                              budgets={"patience": None, "stop_on_repeats": False})
     props = sorted(store.proposals(res.run), key=lambda p: p.round)
     assert len({p.candidate for p in props}) == 1 and [p.status for p in props] == ["rejected"] * 3
     dec = [store.decisions(p.id)[0] for p in props]
@@ -74,3 +74,34 @@ def test_a_candidate_rejected_earlier_in_the_stretch_is_not_compared_again(tmp_p
 
     [st] = [s for s in proposer_stats(store, run=res.run) if s.gated or s.proposals]
     assert (st.proposals, st.gated, st.accepted) == (3, 1, 0)
+
+
+def test_a_run_without_rl_stops_once_its_proposers_only_repeat_rejected_candidates(tmp_path):
+    """harness-only, the same no-effect candidate every round: round 1 proposes only what
+    round 0's gate rejected against the same incumbent, so the run stops there (round 2 would
+    repeat it again) and records why. A gated run, whose RL stage gives every round a new
+    checkpoint, runs all its rounds on the same proposals."""
+    again = {**NO_EFFECT, "round": None}
+    _, store, _, res = _run(tmp_path, "harness-only", (again,), rounds=3,
+                            budgets={"patience": None})
+    rounds = store.rounds(res.run)
+    assert [x.index for x in rounds] == [0, 1]
+    assert [x.summary["stop"] for x in rounds] == [None, (
+        "round 1 proposed only candidates the gate already rejected against this incumbent "
+        "(1), and no RL stage changes it")]
+    assert res.final is not None  # the test split is still scored once
+    _, store2, _, res2 = _run(tmp_path / "g", "gated", (again,), rounds=3,
+                              budgets={"patience": None})
+    assert [x.summary["stop"] for x in store2.rounds(res2.run)] == [None, None, None]
+
+
+def test_a_new_candidate_after_repeats_keeps_the_run_going(tmp_path):
+    """Round 1 repeats round 0's rejected candidate but also proposes a new one: the run goes
+    on (the new one was compared, round 2 runs)."""
+    again = {**NO_EFFECT, "round": None}
+    cfg, store, _, res = _run(tmp_path, "harness-only", (again, {**STYLE2, "round": 1}),
+                              rounds=3, budgets={"patience": None})
+    rounds = store.rounds(res.run)
+    assert [x.index for x in rounds] == [0, 1, 2]
+    assert rounds[1].summary["stop"] is None
+    assert rounds[2].summary["stop"].startswith("round 2 proposed only candidates")
