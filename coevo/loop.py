@@ -394,7 +394,7 @@ def begin_round(run: _Run, r: int) -> None:
 
 def end_round(run: _Run, r: int, incumbent: Incumbent, accepted: list[Candidate]) -> str | None:
     """Close round r with the incumbent's hashes; returns why the run stops now (or None)."""
-    stop = why_stop(run, r, accepted)  # coevo/stoprules.py
+    stop = why_stop(run, r, incumbent, accepted)  # coevo/stoprules.py
     summary = {**run.store.get_round(run.id, r).summary, **track_score(run, r, incumbent, "val"),
                "incumbent": incumbent.hashes(), "accepted": [c.hash for c in accepted],
                "spent": run.store.budget_totals(run.id, round=r), "stop": stop}

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from coevo.gatestep import gate_seed, prior_rejections
 from coevo.ledger import over_budget
 
-_JUDGED = "rejected"  # a candidate the gate compared and turned down
 
-
-def why_stop(run: Any, r: int, accepted: list[Any]) -> str | None:
-    """Why the run stops after round r (None: it goes on). `accepted`: what round r accepted
-    (reviews included)."""
+def why_stop(run: Any, r: int, incumbent: Any, accepted: list[Any]) -> str | None:
+    """Why the run stops after round r (None: it goes on). `incumbent`: the one round r ends
+    with; `accepted`: what round r accepted (reviews included)."""
     budgets = run.cfg.budgets
     exhausted = over_budget(run.store, run.id, r, budgets)
     if exhausted and budgets.stop_run_on_exhaustion:
@@ -34,36 +33,21 @@ def why_stop(run: Any, r: int, accepted: list[Any]) -> str | None:
             return f"no accepted proposal in the last {patience} rounds"
     if (budgets.stop_on_repeats and not accepted and not run.mode.train
             and not run.cfg.gate.human_review):  # a review may still change the incumbent
-        repeated = repeats(run, r, done)
+        repeated = repeats(run, r, incumbent)
         if repeated:
             return (f"round {r} proposed only candidates the gate already rejected against this "
                     f"incumbent ({repeated}), and no RL stage changes it")
     return None
 
 
-def repeats(run: Any, r: int, done: list[Any]) -> int:
-    """How many candidates round r proposed, if every valid one was already rejected by the
-    gate in an earlier round judged against the same incumbent (0 otherwise). Those rounds are
-    the stretch since the last one that accepted something: in a mode without RL none of them
-    changed the incumbent."""
-    mine = {p.candidate for p in run.store.proposals(run.id, round=r)
-            if p.status != "invalid" and p.candidate}
-    if not mine:
+def repeats(run: Any, r: int, incumbent: Any) -> int:
+    """How many candidates round r proposed, if the gate judged every valid one by repeating
+    a rejection from an earlier round gated with this same incumbent (0 otherwise): the
+    stretch and the verdicts are the gate's own (coevo/gatestep.py `gate_seed`,
+    `prior_rejections`), so a rejection for lack of budget never counts."""
+    mine = [p for p in run.store.proposals(run.id, round=r) if p.status != "invalid" and p.candidate]
+    if not mine or any(p.kind == "rubric" for p in mine):  # rubric candidates are judged afresh
         return 0
-    stretch = []
-    for x in sorted(done, key=lambda x: x.index, reverse=True):
-        if x.summary.get("accepted"):
-            break
-        stretch.append(x.index)
-    seen: set[str] = set()
-    for q in stretch:
-        for p in run.store.proposals(run.id, round=q):
-            if p.status == _JUDGED and p.candidate and gate_judged(run.store, p.id):
-                seen.add(p.candidate)
-    return len(mine) if mine <= seen else 0
-
-
-def gate_judged(store: Any, proposal: str) -> bool:
-    """Whether the proposal's rejection came from a comparison, not from a budget that ran out
-    before the gate could look at it."""
-    return any(d.policy != "budget" for d in store.decisions(proposal))
+    base, earlier = gate_seed(run, r, incumbent)
+    seen = prior_rejections(run.store, run.id, earlier, base, len(mine))
+    return len(mine) if all(p.candidate in seen for p in mine) else 0
