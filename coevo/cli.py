@@ -258,7 +258,7 @@ def eval_cmd(
     n: Optional[int] = typer.Option(None, "--n", min=1, help="Number of tasks (default: the whole split)."),
     samples: int = typer.Option(1, "--samples", min=1, help="Episodes per task."),
     model: str = typer.Option("embedded", "--model", help="embedded | hf:PATH | openai:URL[?tokenizer=PATH] | llamacpp:PATH | vllm:PATH"),
-    checkpoint: Optional[str] = typer.Option(None, "--checkpoint", help="Stored checkpoint id (LoRA adapter)."),
+    checkpoint: Optional[str] = typer.Option(None, "--checkpoint", help="Stored checkpoint (LoRA adapter): id, sha256 or a unique prefix of either."),
     rubric: Optional[str] = typer.Option(None, "--rubric", help="Rubric version (default: named like the harness)."),
     skills: Optional[str] = typer.Option(None, "--skills", help="Skill library version (default: seed)."),
     seed: int = typer.Option(0, "--seed"),

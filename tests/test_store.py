@@ -338,6 +338,27 @@ def test_checkpoints(store):
         store.get_checkpoint("missing")
 
 
+def test_checkpoint_by_prefix(store):
+    """`coevo runs show` prints 12-digit ids; `coevo eval --checkpoint` takes what it printed."""
+    store.create_run("r")
+    c1 = store.add_checkpoint(path="/c1", sha256="ab" * 32, base_model="tiny", step=10,
+                              run="r", id="a1b2c3d4" + "0" * 24)
+    c2 = store.add_checkpoint(path="/c2", sha256="cd" * 32, base_model="tiny", step=20,
+                              run="r", id="a1b2ffff" + "0" * 24)
+    again = store.add_checkpoint(path="/c1b", sha256="ab" * 32, base_model="tiny", step=30,
+                                 run="r", id="9" * 32)  # the same file recorded twice
+    assert store.get_checkpoint(c1.id[:12]) == c1
+    assert store.get_checkpoint("a1b2f") == c2
+    assert store.get_checkpoint("abab") == c1  # a sha256 prefix: that file's earliest record
+    assert store.get_checkpoint(again.id[:6]) == again
+    with pytest.raises(Ambiguous, match="a1b2c3d40000 .step 10.*a1b2ffff0000 .step 20"):
+        store.get_checkpoint("a1b2")
+    with pytest.raises(NotFound, match="prefixes need 4"):
+        store.get_checkpoint("a1b")
+    with pytest.raises(NotFound):
+        store.get_checkpoint("a1b2c3d5")
+
+
 def test_evaluations(store):
     h = Note(name="h", text="x")
     store.put_asset(h)

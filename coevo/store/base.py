@@ -20,6 +20,8 @@ from coevo.errors import CoevoError, NotFound
 from coevo.store import tables as T
 from coevo.store.engine import db_failure
 
+MIN_PREFIX = 4  # shorter hash / id prefixes are too likely to be ambiguous to be useful
+
 
 def new_id() -> str:
     return uuid.uuid4().hex

@@ -6,9 +6,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from coevo.errors import CoevoError, NotFound
+from coevo.errors import Ambiguous, CoevoError, NotFound
 from coevo.store import tables as T
-from coevo.store.base import StoreBase, new_id
+from coevo.store.base import MIN_PREFIX, StoreBase, new_id
 from coevo.store.records import (
     CheckpointRecord,
     RoundRecord,
@@ -148,13 +148,31 @@ class RunStore(StoreBase):
             return checkpoint_record(row)
 
     def get_checkpoint(self, ref: str) -> CheckpointRecord:
-        """A checkpoint by id, or by its file's sha256 (the earliest record of that file)."""
+        """A checkpoint by id, or by its file's sha256 (the earliest record of that file), or by
+        a unique prefix of either, as `coevo runs show` prints them (12 hex digits). Raises
+        NotFound, or Ambiguous listing the candidates."""
+        ck = T.Checkpoint
         with self.transaction() as s:
-            row = s.get(T.Checkpoint, ref) or s.execute(
-                sa.select(T.Checkpoint).where(T.Checkpoint.sha256 == ref)
-                .order_by(T.Checkpoint.created_at)).scalar()
+            row = s.get(ck, ref) or s.execute(
+                sa.select(ck).where(ck.sha256 == ref).order_by(ck.created_at)).scalar()
+            is_hex = bool(ref) and all(c in "0123456789abcdef" for c in ref)
+            if row is None and is_hex and len(ref) >= MIN_PREFIX:
+                rows = s.execute(sa.select(ck).where(sa.or_(
+                    ck.id.startswith(ref, autoescape=True),
+                    ck.sha256.startswith(ref, autoescape=True))).order_by(ck.created_at)).scalars().all()
+                by_id = [r for r in rows if r.id.startswith(ref)]
+                files = {r.sha256 for r in rows if r.sha256.startswith(ref)}
+                found = {r.id: r for r in by_id}
+                for sha in files:  # a file matched by its sha256: its earliest record
+                    first = next(r for r in rows if r.sha256 == sha)
+                    found.setdefault(first.id, first)
+                if len(found) > 1:
+                    raise Ambiguous(ref, [f"{r.id[:12]} (step {r.step})" for r in found.values()])
+                row = next(iter(found.values()), None)
             if row is None:
-                raise NotFound(f"no checkpoint with id or sha256 {ref!r}")
+                hint = (f" (prefixes need {MIN_PREFIX}+ hex digits)"
+                        if is_hex and len(ref) < MIN_PREFIX else "")
+                raise NotFound(f"no checkpoint with id or sha256 {ref!r}{hint}")
             return checkpoint_record(row)
 
     def latest_checkpoint(self, run: str | None = None) -> CheckpointRecord | None:
