@@ -10,8 +10,9 @@ import sqlalchemy as sa
 from coevo.assets.base import ASSET_TYPES, Asset
 from coevo.errors import Ambiguous, CoevoError, NotFound
 from coevo.store import tables as T
-from coevo.store.base import MIN_PREFIX, StoreBase
+from coevo.store.base import MIN_PREFIX, StoreBase, is_hex
 from coevo.store.records import AssetRecord, asset_record
+
 
 def _asset_class(kind: str) -> type[Asset]:
     if kind not in ASSET_TYPES:
@@ -114,15 +115,15 @@ class AssetStore(StoreBase):
                                                    av.c.hash.in_(accepted)))).first()
                 if row is None:  # only candidates carry this name: the latest of them
                     row = s.execute(named).first()
-            is_hex = bool(ref) and all(c in "0123456789abcdef" for c in ref)
-            if row is None and is_hex and len(ref) >= MIN_PREFIX:
+            hexref = is_hex(ref)
+            if row is None and hexref and len(ref) >= MIN_PREFIX:
                 rows = s.execute(base.where(av.c.hash.startswith(ref, autoescape=True))
                                  .order_by(av.c.seq).limit(11)).all()
                 if len(rows) > 1:
                     raise Ambiguous(ref, [f"{r.hash[:12]} ({r.kind} {r.name})" for r in rows])
                 row = rows[0] if rows else None
         if row is None:
-            short = is_hex and len(ref) < MIN_PREFIX
+            short = hexref and len(ref) < MIN_PREFIX
             hint = f" (hash prefixes need {MIN_PREFIX}+ hex digits)" if short else ""
             raise NotFound(f"no {what} version matches {ref!r}{hint}")
         return asset_record(row)

@@ -23,6 +23,11 @@ from coevo.store.engine import db_failure
 MIN_PREFIX = 4  # shorter hash / id prefixes are too likely to be ambiguous to be useful
 
 
+def is_hex(ref: str) -> bool:
+    """`ref` could be a hash, an id or a prefix of one (lowercase hex digits only)."""
+    return bool(ref) and all(c in "0123456789abcdef" for c in ref)
+
+
 def new_id() -> str:
     return uuid.uuid4().hex
 

@@ -8,7 +8,7 @@ import sqlalchemy as sa
 
 from coevo.errors import Ambiguous, CoevoError, NotFound
 from coevo.store import tables as T
-from coevo.store.base import MIN_PREFIX, StoreBase, new_id
+from coevo.store.base import MIN_PREFIX, StoreBase, is_hex, new_id
 from coevo.store.records import (
     CheckpointRecord,
     RoundRecord,
@@ -155,23 +155,22 @@ class RunStore(StoreBase):
         with self.transaction() as s:
             row = s.get(ck, ref) or s.execute(
                 sa.select(ck).where(ck.sha256 == ref).order_by(ck.created_at)).scalar()
-            is_hex = bool(ref) and all(c in "0123456789abcdef" for c in ref)
-            if row is None and is_hex and len(ref) >= MIN_PREFIX:
+            hexref = is_hex(ref)
+            if row is None and hexref and len(ref) >= MIN_PREFIX:
                 rows = s.execute(sa.select(ck).where(sa.or_(
                     ck.id.startswith(ref, autoescape=True),
-                    ck.sha256.startswith(ref, autoescape=True))).order_by(ck.created_at)).scalars().all()
-                by_id = [r for r in rows if r.id.startswith(ref)]
-                files = {r.sha256 for r in rows if r.sha256.startswith(ref)}
-                found = {r.id: r for r in by_id}
-                for sha in files:  # a file matched by its sha256: its earliest record
-                    first = next(r for r in rows if r.sha256 == sha)
-                    found.setdefault(first.id, first)
+                    ck.sha256.startswith(ref, autoescape=True))).order_by(ck.created_at)).scalars()
+                found, files = {}, set()
+                for r in rows:  # oldest first: a file matched by its sha256 is its earliest record
+                    if r.id.startswith(ref) or (r.sha256.startswith(ref) and r.sha256 not in files):
+                        found[r.id] = r
+                    files.add(r.sha256)
                 if len(found) > 1:
                     raise Ambiguous(ref, [f"{r.id[:12]} (step {r.step})" for r in found.values()])
                 row = next(iter(found.values()), None)
             if row is None:
                 hint = (f" (prefixes need {MIN_PREFIX}+ hex digits)"
-                        if is_hex and len(ref) < MIN_PREFIX else "")
+                        if hexref and len(ref) < MIN_PREFIX else "")
                 raise NotFound(f"no checkpoint with id or sha256 {ref!r}{hint}")
             return checkpoint_record(row)
 
