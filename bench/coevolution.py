@@ -300,6 +300,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--small", action="store_true", help="smoke run: 1 env, 1 seed, tiny sizes")
     ap.add_argument("--seeds", type=int, default=None, help="seeds per env (default 2; small 1)")
+    ap.add_argument("--run-seeds", default=None,
+                    help="comma list of the seeds this invocation may run (default: all of "
+                         "--seeds); the others are taken from --out's ledger when done there, else "
+                         "left out: two processes sharing one --out can run different seeds")
     ap.add_argument("--envs", default=None, help="training/bench config names or .yaml paths "
                     "(default bfcl,arithmetic; small arithmetic)")
     ap.add_argument("--budget", type=float, default=None, help="per (env, seed) and mode, in "
@@ -345,6 +349,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if a.data and len(a.data) > 1:
         raise CoevoError("--data: a run writes one data file (several only with --report-only)")
     seeds = a.seeds or (1 if a.small else 2)
+    allowed = set(range(seeds)) if a.run_seeds is None else _seed_list(a.run_seeds, seeds)
     units = a.budget or (100 if a.small else 320)
     draws = a.null_draws or (4 if a.small else 8)
     envs = (a.envs or ("arithmetic" if a.small else "bfcl,arithmetic")).split(",")
@@ -395,6 +400,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     reused += 1
                     _say(f"[bold]{b.name}[/bold] seed {seed} mode {mode}: done before, reused")
                     continue
+                if seed not in allowed:
+                    _say(f"[bold]{b.name}[/bold] seed {seed} mode {mode}: not in --run-seeds, left out")
+                    continue
                 _say(f"[bold]{b.name}[/bold] seed {seed} mode {mode}")
                 runs.append(run_mode(b, mode, seed, budgets[b.env], store, rates=rates[b.env],
                                      base_val=base_vals[b.env]))
@@ -425,6 +433,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     path = write_results(report, a.results)
     _say(f"done in {report['seconds'] / 60:.1f} min (estimate {est / 60:.0f}); wrote {path} and {data_path}")
     return report
+
+
+def _seed_list(text: str, seeds: int) -> set[int]:
+    """--run-seeds as a set of seeds, each one of range(seeds)."""
+    try:
+        out = {int(x) for x in text.split(",") if x.strip()}
+    except ValueError:
+        raise CoevoError(f"--run-seeds: expected a comma list of integers, got {text!r}") from None
+    if not out or not out <= set(range(seeds)):
+        raise CoevoError(f"--run-seeds: {text!r} must name seeds among 0..{seeds - 1} (--seeds {seeds})")
+    return out
 
 
 def data_name(path: Path) -> str:

@@ -157,6 +157,42 @@ def test_a_variant_label_runs_its_loop_mode_with_its_settings(monkeypatch):
     assert b.bettertogether.select == "mean"  # the base config is not changed
 
 
+def test_run_seeds_runs_only_the_seeds_named_and_reuses_the_ledger(tmp_path, monkeypatch):
+    """--run-seeds: two processes sharing one --out can run different seeds; a seed outside the
+    list is reused from the ledger when done there and left out otherwise."""
+    from coevo.errors import CoevoError
+
+    out = tmp_path / "out"
+    out.mkdir()
+    done = {"env": _base(small=False).env, "seed": 0, "mode": "gated", "run": "R0", "seed_test": {}}
+    (out / "runs.jsonl").write_text(json.dumps(done) + "\n")
+    ran = []
+
+    def fake_run_mode(b, mode, seed, budget_, store, *, rates, base_val):
+        ran.append((seed, mode))
+        return {"env": b.env, "seed": seed, "mode": mode, "run": f"R{seed}", "seed_test": {}}
+
+    monkeypatch.setattr(bench, "calibration", lambda b, store: (0.2, budget.Rates(500, 1000, 2500)))
+    monkeypatch.setattr(bench, "run_mode", fake_run_mode)
+    monkeypatch.setattr(bench, "proposer_docs", lambda *a: [])
+    monkeypatch.setattr(bench, "write_data", lambda report, path: None)
+    written = []
+    monkeypatch.setattr(bench, "write_results", lambda report, path: written.append(report) or path)
+    args = ["--envs", "arithmetic", "--seeds", "3", "--modes", "gated", "--only", "--null-n", "0",
+            "--out", str(out), "--results", str(tmp_path / "R.md"), "--data", str(tmp_path / "d.json")]
+    rep = bench.main(args + ["--run-seeds", "2"])
+    assert ran == [(2, "gated")]  # seed 1 is neither done nor named: left out
+    assert [(r["seed"], r["run"]) for r in rep["runs"]] == [(0, "R0"), (2, "R2")]
+    ledger = [json.loads(x) for x in (out / "runs.jsonl").read_text().splitlines()]
+    assert [(r["seed"], r["mode"]) for r in ledger] == [(0, "gated"), (2, "gated")]
+    ran.clear()
+    rep = bench.main(args)  # all seeds: 0 and 2 from the ledger, 1 runs now
+    assert ran == [(1, "gated")] and [r["seed"] for r in rep["runs"]] == [0, 1, 2]
+    for bad in ("3", "x", ","):
+        with pytest.raises(CoevoError, match="--run-seeds"):
+            bench.main(args + ["--run-seeds", bad])
+
+
 # --- intervals, null check, the page ---------------------------------------------------------
 
 
