@@ -320,6 +320,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--null-n", type=int, default=200, help="null candidates (default: %(default)s)")
     ap.add_argument("--null-draws", type=int, default=None,
                     help="real samples of each val task the null check draws from (default 8; small 4)")
+    ap.add_argument("--name", default=None,
+                    help="the data set's name on the page (default: --envs)")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--results", type=Path, default=REPO / "docs" / "RESULTS.md")
     ap.add_argument("--data", type=Path, action="append", default=None,
@@ -417,7 +419,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         outcomes = json.loads(outcomes_file.read_text())
         null = simulate(outcomes, null_base.gate, a.null_n) | {"outcomes": outcomes["tasks"]}
         _say(f"null check: {null['accepted']}/{null['n']} accepted (95% upper bound {_f(null['upper95'])})")
-    report = {"name": ",".join(envs),
+    report = {"name": a.name or ",".join(envs),
               "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
               "command": "python bench/coevolution.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "small": a.small, "seeds": seeds, "budget": budgets,

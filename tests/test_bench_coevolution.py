@@ -159,7 +159,8 @@ def test_a_variant_label_runs_its_loop_mode_with_its_settings(monkeypatch):
 
 def test_run_seeds_runs_only_the_seeds_named_and_reuses_the_ledger(tmp_path, monkeypatch):
     """--run-seeds: two processes sharing one --out can run different seeds; a seed outside the
-    list is reused from the ledger when done there and left out otherwise."""
+    list is reused from the ledger when done there and left out otherwise. --name names the
+    data set on the page (a second data set of the same --envs)."""
     from coevo.errors import CoevoError
 
     out = tmp_path / "out"
@@ -180,7 +181,8 @@ def test_run_seeds_runs_only_the_seeds_named_and_reuses_the_ledger(tmp_path, mon
     monkeypatch.setattr(bench, "write_results", lambda report, path: written.append(report) or path)
     args = ["--envs", "arithmetic", "--seeds", "3", "--modes", "gated", "--only", "--null-n", "0",
             "--out", str(out), "--results", str(tmp_path / "R.md"), "--data", str(tmp_path / "d.json")]
-    rep = bench.main(args + ["--run-seeds", "2"])
+    rep = bench.main(args + ["--run-seeds", "2", "--name", "arithmetic-two-seeds"])
+    assert rep["name"] == "arithmetic-two-seeds"  # the page's data set name, not --envs
     assert ran == [(2, "gated")]  # seed 1 is neither done nor named: left out
     assert [(r["seed"], r["run"]) for r in rep["runs"]] == [(0, "R0"), (2, "R2")]
     ledger = [json.loads(x) for x in (out / "runs.jsonl").read_text().splitlines()]
@@ -188,6 +190,7 @@ def test_run_seeds_runs_only_the_seeds_named_and_reuses_the_ledger(tmp_path, mon
     ran.clear()
     rep = bench.main(args)  # all seeds: 0 and 2 from the ledger, 1 runs now
     assert ran == [(1, "gated")] and [r["seed"] for r in rep["runs"]] == [0, 1, 2]
+    assert rep["name"] == "arithmetic"
     for bad in ("3", "x", ","):
         with pytest.raises(CoevoError, match="--run-seeds"):
             bench.main(args + ["--run-seeds", bad])
