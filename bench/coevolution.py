@@ -422,7 +422,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report = {"name": a.name or ",".join(envs),
               "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
               "command": "python bench/coevolution.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "small": a.small, "seeds": seeds, "budget": budgets,
+              "small": a.small, "seeds": len({r["seed"] for r in runs}) or seeds,  # present ones
+              "budget": budgets,
               "budget_units": None if a.budget_tokens else units,
               "proposers": proposers, "proposer_model": a.proposer_model,
               "machine": machine(), "seconds": time.perf_counter() - t0, "estimate_s": est,

@@ -185,12 +185,13 @@ def test_run_seeds_runs_only_the_seeds_named_and_reuses_the_ledger(tmp_path, mon
     assert rep["name"] == "arithmetic-two-seeds"  # the page's data set name, not --envs
     assert ran == [(2, "gated")]  # seed 1 is neither done nor named: left out
     assert [(r["seed"], r["run"]) for r in rep["runs"]] == [(0, "R0"), (2, "R2")]
+    assert rep["seeds"] == 2  # the page's "Seeds: N per env" counts the seeds it has
     ledger = [json.loads(x) for x in (out / "runs.jsonl").read_text().splitlines()]
     assert [(r["seed"], r["mode"]) for r in ledger] == [(0, "gated"), (2, "gated")]
     ran.clear()
     rep = bench.main(args)  # all seeds: 0 and 2 from the ledger, 1 runs now
     assert ran == [(1, "gated")] and [r["seed"] for r in rep["runs"]] == [0, 1, 2]
-    assert rep["name"] == "arithmetic"
+    assert rep["name"] == "arithmetic" and rep["seeds"] == 3
     for bad in ("3", "x", ","):
         with pytest.raises(CoevoError, match="--run-seeds"):
             bench.main(args + ["--run-seeds", bad])
