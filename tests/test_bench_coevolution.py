@@ -177,8 +177,7 @@ def test_run_seeds_runs_only_the_seeds_named_and_reuses_the_ledger(tmp_path, mon
     monkeypatch.setattr(bench, "run_mode", fake_run_mode)
     monkeypatch.setattr(bench, "proposer_docs", lambda *a: [])
     monkeypatch.setattr(bench, "write_data", lambda report, path: None)
-    written = []
-    monkeypatch.setattr(bench, "write_results", lambda report, path: written.append(report) or path)
+    monkeypatch.setattr(bench, "write_results", lambda report, path: path)
     args = ["--envs", "arithmetic", "--seeds", "3", "--modes", "gated", "--only", "--null-n", "0",
             "--out", str(out), "--results", str(tmp_path / "R.md"), "--data", str(tmp_path / "d.json")]
     rep = bench.main(args + ["--run-seeds", "2", "--name", "arithmetic-two-seeds"])
