@@ -67,4 +67,4 @@ def track(value: Optional[str]) -> Optional[str]:
 
 TrackOption = typer.Option(None, "--track", callback=track, help=(
     "Log to an experiment tracker: trackio[:PROJECT] | mlflow[:URI] | off "
-    "(extras coevo[trackio], coevo[mlflow]); overrides the config's tracking:."))
+    "(extras coevo\\[trackio], coevo\\[mlflow]); overrides the config's tracking:."))

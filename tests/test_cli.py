@@ -3,8 +3,10 @@ bad input exits non-zero with a one-line error and writes nothing."""
 
 from __future__ import annotations
 
+import re
 import shutil
 
+import typer
 from typer.testing import CliRunner
 
 from coevo.assets import Harness, load_asset
@@ -125,3 +127,24 @@ def test_get_library_returns_the_member_skill_versions(tmp_path):
     assert {s.hash for s in skills} == {m.hash for m in lib.skills}
     assets = load_agent_assets(store, "function_calling", None, None)
     assert assets.library.hash == lib.hash and assets.rubric.name == "function_calling"
+
+
+def _commands(cmd, path=()):
+    yield path, cmd
+    for name, sub in getattr(cmd, "commands", {}).items():
+        yield from _commands(sub, (*path, name))
+
+
+def test_bracketed_words_in_option_help_survive_rich_markup():
+    """Rich reads `[word]` as a style tag and drops it: `coevo[trackio]` was shown as `coevo`."""
+    checked = 0
+    for path, cmd in _commands(typer.main.get_command(app)):
+        texts = [cmd.help or "", *(getattr(p, "help", None) or "" for p in cmd.params)]
+        words = {w for t in texts for w in re.findall(r"\S*\[[a-z_]+\]\S*", t)}
+        if not words:
+            continue
+        out = " ".join(runner.invoke(app, [*path, "--help"], env={"COLUMNS": "400"}).output.split())
+        for w in words:
+            assert w.replace("\\[", "[") in out, (path, w)
+            checked += 1
+    assert checked >= 6  # --track on eval, run and train, each naming two extras
