@@ -3,7 +3,8 @@
 Every block is pydantic with extra="forbid", so a typo in the YAML or in an override is an error
 naming the key (`training/x.yaml: gate.alfa: unknown key`), never a silently ignored default.
 Override values are parsed as YAML scalars/flow collections (`rounds=3` is an int,
-`proposers=[{name: demos}]` a list), the way simonw/llm parses `-o key value`.
+`proposers=[{name: demos}]` a list), the way simonw/llm parses `-o key value`. A file may start
+from another with `extends: base.yaml` and state only what it changes (`read_layers`).
 """
 
 from __future__ import annotations
@@ -137,23 +138,15 @@ class RunConfig(_Block):
     @classmethod
     def load(cls, path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
              data: dict[str, Any] | None = None) -> "RunConfig":
-        """Read `path` (or start from `data`), apply `key.sub=value` overrides, validate."""
+        """Read `path` (with the files it `extends`; or start from `data`), apply `key.sub=value`
+        overrides, validate."""
         source = str(path) if path is not None else "<config>"
         base: dict[str, Any] = dict(data or {})
         if path is not None:
-            try:
-                text = Path(path).read_text(encoding="utf-8")
-            except OSError as e:
-                raise AssetError(source, None, f"cannot read: {e.strerror or e}") from None
-            except UnicodeDecodeError as e:
-                raise AssetError(source, None, f"not UTF-8 text (byte {e.start})") from None
-            try:
-                loaded = yaml.safe_load(text)
-            except yaml.YAMLError as e:
-                raise AssetError(source, None, f"invalid YAML: {e}") from None
-            if loaded is not None and not isinstance(loaded, dict):
-                raise AssetError(source, None, "a run config is a mapping of keys")
-            base.update(loaded or {})
+            bases: list[Path] = []
+            base = merge_blocks(base, read_layers(Path(path), bases=bases))
+            if bases:  # a key may be wrong in any of them
+                source += f" (or {', '.join(str(b) for b in bases)}, which it extends)"
         for item in overrides:
             apply_override(base, item, source)
         return cls.from_mapping(base, source)
@@ -173,6 +166,58 @@ class RunConfig(_Block):
             field = ".".join(str(p) for p in err["loc"]) or None
             msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
             raise AssetError(source, field, msg) from None
+
+
+def read_layers(path: Path, chain: tuple[Path, ...] = (), bases: list[Path] | None = None) -> dict[str, Any]:
+    """The mapping of the run config at `path`, on top of the one its `extends:` names (a path
+    relative to this file; that file may extend another). Blocks merge key by key, so a config
+    states only what it changes; any other value (a list, a scalar) replaces the base's whole.
+    A file's read errors name that file; the bases read are appended to `bases`."""
+    source = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise AssetError(source, None, f"cannot read: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise AssetError(source, None, f"not UTF-8 text (byte {e.start})") from None
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise AssetError(source, None, f"invalid YAML: {e}") from None
+    if loaded is not None and not isinstance(loaded, dict):
+        raise AssetError(source, None, "a run config is a mapping of keys")
+    loaded = dict(loaded or {})
+    if "extends" not in loaded:
+        return loaded
+    parent = loaded.pop("extends")
+    if not isinstance(parent, str) or not parent.strip():
+        raise AssetError(source, "extends", "expected the path of a run config, relative to this file")
+    target = (path.parent / parent).resolve()
+    here = path.resolve()
+    if target == here or target in chain:
+        names = " -> ".join(p.name for p in (*chain, here, target))
+        raise AssetError(source, "extends", f"{parent}: a cycle ({names})")
+    if not target.is_file():
+        raise AssetError(source, "extends", f"{parent}: no such file (relative to {path.parent})")
+    if bases is not None:
+        bases.append(path.parent / parent)
+    return merge_blocks(read_layers(path.parent / parent, (*chain, here), bases), loaded)
+
+
+def merge_blocks(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`base` updated by `over`, recursing where both hold a block (a mapping).
+
+    >>> merge_blocks({"gate": {"alpha": 0.05, "name": "soft"}, "proposers": [1, 2]},
+    ...              {"gate": {"alpha": 0.1}, "proposers": [3]})
+    {'gate': {'alpha': 0.1, 'name': 'soft'}, 'proposers': [3]}
+    """
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge_blocks(out[key], value)
+        else:
+            out[key] = value
+    return out
 
 
 def apply_override(data: dict[str, Any], item: str, source: str = "<config>") -> None:
