@@ -20,7 +20,8 @@ from coevo.oneline import OneLineGroup
 from coevo.terminal import escaped, safe
 
 app = typer.Typer(cls=OneLineGroup, no_args_is_help=True, add_completion=False,
-                  help=__doc__.split("\n")[0])
+                  help="Model-harness co-evolution: RL on the weights, gated revisions of the "
+                       "harness, skills and rubrics, every decision stored for review.")
 harness_app = typer.Typer(no_args_is_help=True, help="Harness versions: list, show, diff, export.")
 skills_app = typer.Typer(no_args_is_help=True, help="Skill versions: list, show.")
 rubrics_app = typer.Typer(no_args_is_help=True, help="Rubric versions: list, show.")

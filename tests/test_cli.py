@@ -148,3 +148,12 @@ def test_bracketed_words_in_option_help_survive_rich_markup():
             assert w.replace("\\[", "[") in out, (path, w)
             checked += 1
     assert checked >= 6  # --track on eval, run and train, each naming two extras
+
+
+def test_every_command_s_help_is_whole_sentences_shown_in_full():
+    """The top-level help was the module docstring's first line, cut mid-sentence."""
+    for path, cmd in _commands(typer.main.get_command(app)):
+        first = " ".join((cmd.help or "").split("\n\n")[0].split())
+        assert first.endswith("."), (path, first)
+        out = " ".join(runner.invoke(app, [*path, "--help"], env={"COLUMNS": "400"}).output.split())
+        assert first.replace("\\[", "[") in out, (path, first)
