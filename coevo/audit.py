@@ -309,8 +309,8 @@ def runs_table(store: Store) -> Table:
         rows = round_rows(store, run)
         props = store.proposals(run=run.id)
         vals = [r.val_score for r in rows if r.val_score is not None]
-        t.add_row(short(run.id), plain(run.name), plain(run.mode), run.status, str(len(rows)),
-                  f"{sum(p.status == 'accepted' for p in props)}/{len(props)}",
+        t.add_row(short(run.id), plain(run.name), plain(run.mode), store.shown_status(run),
+                  str(len(rows)), f"{sum(p.status == 'accepted' for p in props)}/{len(props)}",
                   fmt(vals[-1] if vals else None), f"{run.created_at:%Y-%m-%d %H:%M}")
     return t
 
@@ -320,8 +320,11 @@ def run_view(store: Store, run: str) -> Group:
     spent vs limits, and checkpoints."""
     rec = _run(store, run)
     rows = round_rows(store, rec)
+    status = store.shown_status(rec)
     head = Text.assemble((safe(rec.name), "bold"), f"  id {rec.id}  mode {safe(rec.mode)}  status ",
-                         (rec.status, "bold"), f"  error: {safe(rec.error)}" if rec.error else "")
+                         (status, "bold"), f"  error: {safe(rec.error)}" if rec.error else "",
+                         "  (stored as running; no process executes it: resume it by name)"
+                         if status == "interrupted" else "")
 
     rt = Table(title="rounds")
     for col in ("round", "status", "val", "test", "harness", "skill_library", "rubric",

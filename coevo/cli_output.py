@@ -133,15 +133,20 @@ def _dump(record: Any) -> dict[str, Any]:
     return record.model_dump(mode="json")
 
 
+def _run(store: Any, rec: Any) -> dict[str, Any]:
+    """The stored run, plus `shown_status` (`interrupted` for a `running` run no process holds)."""
+    return {**_dump(rec), "shown_status": store.shown_status(rec)}
+
+
 def runs_doc(store: Any) -> list[dict[str, Any]]:
-    return [_dump(r) for r in store.runs()]
+    return [_run(store, r) for r in store.runs()]
 
 
 def run_doc(store: Any, ref: str) -> dict[str, Any]:
     from coevo.audit import budget_rows, run_checkpoints
 
     rec = store.get_run(ref)
-    return {"run": _dump(rec), "rounds": [_dump(r) for r in store.rounds(rec.id)],
+    return {"run": _run(store, rec), "rounds": [_dump(r) for r in store.rounds(rec.id)],
             "budgets": [_dump(b) for b in budget_rows(store, rec)],
             "checkpoints": [_dump(c) for _, c in run_checkpoints(store, rec)]}
 

@@ -49,10 +49,11 @@ def with_decisions(store, p):
 def test_runs_list_and_show_json_are_the_stored_rows(world):
     db, store, sc = world
     runs = cli_json(db, "runs", "list")
-    assert runs == [dump(r) for r in store.runs()]
+    assert runs == [{**dump(r), "shown_status": store.shown_status(r)} for r in store.runs()]
+    assert [(r["status"], r["shown_status"]) for r in runs] == [(store.runs()[0].status,) * 2]
     assert [(r["name"], r["config"]["budget"]["max_rollouts"]) for r in runs] == [("exp1", 200)]
     doc = cli_json(db, "runs", "show", "exp1")
-    assert doc["run"] == dump(store.get_run("exp1"))
+    assert doc["run"] == {**dump(store.get_run("exp1")), "shown_status": store.get_run("exp1").status}
     assert doc["rounds"] == [dump(r) for r in store.rounds(sc.run.id)]
     assert doc["rounds"][0]["summary"]["val_score"] == 0.5
     assert doc["rounds"][1]["summary"]["evaluations"] == {"val": sc.ev}

@@ -136,3 +136,59 @@ def test_coevo_train_holds_the_lease_and_a_failure_marks_the_run(tmp_path):
     rec = store.get_run("t")
     assert rec.status == "failed" and "no-model" in rec.error and store.lease_holder("t") is None
     store.close()
+
+
+HOLD = """
+import sys, time
+from coevo.store import Store
+store = Store.open(sys.argv[1])
+with store.executing("r"):
+    store.set_run_status(store.get_run("r").id, "running")
+    print("HOLDING", flush=True)
+    time.sleep(300)
+"""
+
+
+def test_a_running_run_that_no_process_holds_is_shown_interrupted(db_url):
+    """A killed run keeps `running` in the store; the listings said so, as if it still ran."""
+    from coevo.audit import render_text, run_view, runs_table
+    from coevo.cli_output import runs_doc
+
+    store = Store.open(db_url)
+    store.create_run("r")
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, db_url], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "HOLDING"
+        rec = store.get_run("r")
+        assert rec.status == "running" and store.executing_now("r")
+        assert store.shown_status(rec) == "running"
+    finally:
+        holder.kill()
+        holder.wait()
+    deadline = time.monotonic() + 30  # PostgreSQL ends the dead session's backend, then its lock
+    while store.executing_now("r") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    rec = store.get_run("r")
+    assert rec.status == "running"  # the store is unchanged: reading writes nothing
+    assert store.shown_status(rec) == "interrupted"
+    assert [(d["status"], d["shown_status"]) for d in runs_doc(store)] == [("running", "interrupted")]
+    table = render_text(runs_table(store), width=200)
+    assert "interrupted" in table and "running" not in table
+    assert "status interrupted" in render_text(run_view(store, "r"), width=200)
+    from starlette.testclient import TestClient
+
+    from coevo.serve.app import create_app
+    from coevo.store.queries import open_readonly
+
+    other = store.create_run("s")
+    ro = open_readonly(db_url)
+    web = TestClient(create_app(ro))
+    for page in ("/", f"/runs/{rec.id}", f"/compare?run={rec.id}&run={other.id}"):
+        got = web.get(page)
+        assert got.status_code == 200 and ">interrupted<" in got.text.replace("<td>", ">").replace(
+            "<dd>", ">").replace(" <span", "<"), page
+    ro.close()
+    store.set_run_status(rec.id, "done")
+    assert store.shown_status(store.get_run("r")) == "done"
+    store.close()

@@ -162,14 +162,16 @@ class RunRow:
     test: float | None
     test_ci: tuple[float, float] | None
     gate_rollouts: float
+    status: str  # the store's shown_status: `interrupted` for a `running` run no process holds
 
 
-def run_row(rec: RunRecord, stats: RunStats) -> RunRow:
+def run_row(store: Store, rec: RunRecord, stats: RunStats) -> RunRow:
     s = val_series(rec.name, stats.rounds)
     test, ci = final_test(stats.rounds)
     pts = dict(s.points)
     return RunRow(rec, stats, run_env(rec), pts.get(0), s.points[-1][1] if s.points else None,
-                  test, ci, rollout_split(stats)["gate rollouts (both arms)"])
+                  test, ci, rollout_split(stats)["gate rollouts (both arms)"],
+                  store.shown_status(rec))
 
 
 # --- pages ---------------------------------------------------------------------------------------
@@ -179,13 +181,13 @@ def runs_page_view(store: Store, page: int) -> dict[str, Any]:
     pg = Page(page, RUNS_PER_PAGE, count_runs(store)).check()
     recs = runs_page(store, pg.offset, pg.size)
     stats = run_stats(store, [r.id for r in recs])
-    return {"rows": [run_row(r, stats[r.id]) for r in recs], "page": pg, "params": {}}
+    return {"rows": [run_row(store, r, stats[r.id]) for r in recs], "page": pg, "params": {}}
 
 
 def run_view(store: Store, ref: str, page: int) -> dict[str, Any]:
     rec = store.get_run(ref)
     stats = run_stats(store, [rec.id])[rec.id]
-    row = run_row(rec, stats)
+    row = run_row(store, rec, stats)
     pg = Page(page, PROPOSALS_PER_PAGE, count_proposals(store, ProposalFilter(run=rec.id))).check()
     props = proposals_page(store, ProposalFilter(run=rec.id), pg.offset, pg.size)
     n = len(stats.rounds)
@@ -220,7 +222,7 @@ def compare_view(store: Store, refs: Sequence[str]) -> dict[str, Any]:
         raise BadRequest(f"compare shows at most 8 runs at once; {len(refs)} were given")
     recs = [store.get_run(r) for r in refs]
     stats = run_stats(store, [r.id for r in recs])
-    rows = [run_row(r, stats[r.id]) for r in recs]
+    rows = [run_row(store, r, stats[r.id]) for r in recs]
     n = max((len(stats[r.id].rounds) for r in recs), default=0)
     chart = line_chart([val_series(r.name, stats[r.id].rounds) for r in recs], x_labels(n),
                        "validation score per round", "val score", width=760)

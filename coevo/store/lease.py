@@ -34,6 +34,7 @@ import sqlalchemy as sa
 from coevo.errors import CoevoError
 from coevo.store import tables as T
 from coevo.store.base import StoreBase, new_id
+from coevo.store.records import RunRecord
 
 log = logging.getLogger("coevo.store.lease")
 LEASE_TTL_S = 60.0  # a lease not renewed for this long is stale; renewed every TTL / 4
@@ -182,6 +183,28 @@ class LeaseStore(StoreBase):
         since = row.started_at.strftime("%Y-%m-%d %H:%M:%S UTC")
         return CoevoError(f"run {name} is being executed by pid {row.pid} on host {row.host} "
                           f"since {since}")
+
+    def executing_now(self, run: str) -> bool:
+        """Whether a live process holds `run`'s lease now (PostgreSQL: its advisory lock is
+        granted to some session; SQLite: its row is there and not stale)."""
+        run_id = self.get_run(run).id
+        if self.engine.dialect.name == "postgresql":
+            key = advisory_key(run_id) & 0xFFFFFFFFFFFFFFFF  # pg_locks splits it in two oids
+            with self.engine.connect() as conn:
+                return bool(conn.execute(sa.text(
+                    "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted"
+                    " AND classid::bigint = :hi AND objid::bigint = :lo AND objsubid = 1)"),
+                    {"hi": key >> 32, "lo": key & 0xFFFFFFFF}).scalar())
+        row = self._lease_row(run_id)
+        return row is not None and not self._stale(row, T.utcnow())
+
+    def shown_status(self, rec: RunRecord) -> str:
+        """A run's status as a reader needs it: `interrupted` for one stored as `running` that
+        no live process executes (killed, or its machine went away: `--resume` continues it);
+        else the stored status. Reading changes nothing."""
+        if rec.status == "running" and not self.executing_now(rec.id):
+            return "interrupted"
+        return rec.status
 
     def lease_holder(self, run: str) -> dict | None:
         """Who holds `run`'s lease (pid, host, started_at, expires_at), None when nobody."""
