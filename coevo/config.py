@@ -168,7 +168,8 @@ class RunConfig(_Block):
             raise AssetError(source, field, msg) from None
 
 
-def read_layers(path: Path, chain: tuple[Path, ...] = (), bases: list[Path] | None = None) -> dict[str, Any]:
+def read_layers(path: Path, chain: tuple[Path, ...] = (),
+                bases: list[Path] | None = None) -> dict[str, Any]:
     """The mapping of the run config at `path`, on top of the one its `extends:` names (a path
     relative to this file; that file may extend another). Blocks merge key by key, so a config
     states only what it changes; any other value (a list, a scalar) replaces the base's whole.
@@ -191,7 +192,8 @@ def read_layers(path: Path, chain: tuple[Path, ...] = (), bases: list[Path] | No
         return loaded
     parent = loaded.pop("extends")
     if not isinstance(parent, str) or not parent.strip():
-        raise AssetError(source, "extends", "expected the path of a run config, relative to this file")
+        raise AssetError(source, "extends",
+                         "expected the path of a run config, relative to this file")
     target = (path.parent / parent).resolve()
     here = path.resolve()
     if target == here or target in chain:
