@@ -58,7 +58,7 @@ from coevolution_budget import Rates, calibrate, cost, measured, plan_round, tra
 from coevolution_null import collect, null_candidate, simulate  # noqa: E402,F401 (null_candidate: tests)
 from coevolution_report import MODE_ORDER, PEER_MODES, VARIANTS, _f, _slug, load_data, write_data, write_results  # noqa: E402,F401
 
-from coevo.config import RunConfig  # noqa: E402
+from coevo.config import RunConfig, merge_blocks  # noqa: E402
 from coevo.errors import CoevoError  # noqa: E402
 
 BENCH_CONFIGS = REPO / "training" / "bench"
@@ -82,13 +82,6 @@ def _say(msg: str) -> None:
     Console(stderr=True, highlight=False).print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {msg}")
 
 
-def _merge(a: dict, b: dict) -> dict:
-    out = dict(a)
-    for k, v in b.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
 def base_config(name: str, small: bool, out: Path, model: str | None,
                 proposers: list[str], proposer_model: str) -> RunConfig:
     """training/bench/<name>.yaml (or a path), with --small sizes, --model and --proposers."""
@@ -98,7 +91,7 @@ def base_config(name: str, small: bool, out: Path, model: str | None,
         raise CoevoError(f"--envs: {name!r}: no {path} (known: {known})")
     data = RunConfig.load(path).model_dump(mode="json")
     if small:
-        data = _merge(data, SMALL)
+        data = merge_blocks(data, SMALL)
     if model:
         data["model"] = {"backend": model, "options": {}}
     seed_dir = data["assets"].get("seed_dir")
