@@ -187,7 +187,9 @@ class LeaseStore(StoreBase):
     def executing_now(self, run: str) -> bool:
         """Whether a live process holds `run`'s lease now (PostgreSQL: its advisory lock is
         granted to some session; SQLite: its row is there and not stale)."""
-        run_id = self.get_run(run).id
+        return self._executing(self.get_run(run).id)
+
+    def _executing(self, run_id: str) -> bool:
         if self.engine.dialect.name == "postgresql":
             key = advisory_key(run_id) & 0xFFFFFFFFFFFFFFFF  # pg_locks splits it in two oids
             with self.engine.connect() as conn:
@@ -202,7 +204,7 @@ class LeaseStore(StoreBase):
         """A run's status as a reader needs it: `interrupted` for one stored as `running` that
         no live process executes (killed, or its machine went away: `--resume` continues it);
         else the stored status. Reading changes nothing."""
-        if rec.status == "running" and not self.executing_now(rec.id):
+        if rec.status == "running" and not self._executing(rec.id):  # the record is at hand
             return "interrupted"
         return rec.status
 
