@@ -194,16 +194,16 @@ def read_layers(path: Path, chain: tuple[Path, ...] = (),
     if not isinstance(parent, str) or not parent.strip():
         raise AssetError(source, "extends",
                          "expected the path of a run config, relative to this file")
-    target = (path.parent / parent).resolve()
-    here = path.resolve()
+    nxt = path.parent / parent
+    target, here = nxt.resolve(), path.resolve()
     if target == here or target in chain:
         names = " -> ".join(p.name for p in (*chain, here, target))
         raise AssetError(source, "extends", f"{parent}: a cycle ({names})")
     if not target.is_file():
         raise AssetError(source, "extends", f"{parent}: no such file (relative to {path.parent})")
     if bases is not None:
-        bases.append(path.parent / parent)
-    return merge_blocks(read_layers(path.parent / parent, (*chain, here), bases), loaded)
+        bases.append(nxt)
+    return merge_blocks(read_layers(nxt, (*chain, here), bases), loaded)
 
 
 def merge_blocks(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
