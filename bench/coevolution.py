@@ -328,6 +328,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--only", action="store_true",
                     help="run only the --modes given (the page then has only their rows and "
                          "their pairings with the seed incumbent)")
+    ap.add_argument("--reuse", type=Path, action="append", default=None,
+                    help="a data file an earlier bench wrote (may be given again): its finished "
+                         "runs count as done, as the --out ledger's do, when it has the same "
+                         "budget and config for the env; for a data set whose --out is gone")
     ap.add_argument("--report-only", action="store_true",
                     help="rebuild RESULTS.md from --data; run nothing")
     a = ap.parse_args(argv)
@@ -384,13 +388,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         budgets[b.env] = a.budget_tokens or round(units * rates[b.env].eval)
         _say(f"{b.env}: seed incumbent val score {_f(base_vals[b.env])}; first estimates "
              f"{rates[b.env]}; budget {budgets[b.env]:g} model tokens per mode")
+        for path in a.reuse or []:
+            for r in reusable(path, b, budgets[b.env], out):
+                done.setdefault((b.env, r["seed"], r["mode"]), r)
         for seed in range(seeds):
             for mode in order:
                 if (b.env, seed, mode) in done:
                     r = done[(b.env, seed, mode)]
-                    if "seed_test" not in r:  # a ledger written before runs kept it
-                        r["seed_test"] = seed_test(store, r["run"], b.env)
-                    r["proposer_stats"] = proposer_docs(store, r["run"])  # read from the store
+                    if "reused_from" not in r:  # else its store is another bench's: kept as is
+                        if "seed_test" not in r:  # a ledger written before runs kept it
+                            r["seed_test"] = seed_test(store, r["run"], b.env)
+                        r["proposer_stats"] = proposer_docs(store, r["run"])  # from the store
                     runs.append(r)
                     reused += 1
                     _say(f"[bold]{b.name}[/bold] seed {seed} mode {mode}: done before, reused")
@@ -429,6 +437,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     path = write_results(report, a.results)
     _say(f"done in {report['seconds'] / 60:.1f} min (estimate {est / 60:.0f}); wrote {path} and {data_path}")
     return report
+
+
+def reusable(path: Path, base: RunConfig, budget: float, out: Path) -> list[dict[str, Any]]:
+    """The finished runs of `base.env` in the data file at `path` (an earlier bench's), each
+    marked `reused_from`, after checking that they ran on this budget and this config: a data
+    set extended with more seeds stays one budget and one config."""
+    if not Path(path).is_file():
+        raise CoevoError(f"--reuse: no data file {path}")
+    data = load_data(path)
+    name = data_name(Path(path))
+    if (data.get("budget") or {}).get(base.env) != budget:
+        raise CoevoError(f"--reuse {name}: budget.{base.env} is "
+                         f"{(data.get('budget') or {}).get(base.env)}, this bench's is {budget:g}")
+    ours = portable({"c": base.model_dump(mode="json", exclude=_SET_BY_BENCH)}, out)["c"]
+    theirs = (data.get("configs") or {}).get(base.env)
+    if theirs != ours:
+        keys = sorted(k for k in set(ours) | set(theirs or {}) if (theirs or {}).get(k) != ours.get(k))
+        raise CoevoError(f"--reuse {name}: configs.{base.env} differs from this bench's config "
+                         f"in {', '.join(keys) or 'every key'}")
+    return [{**r, "reused_from": r.get("reused_from", name)}
+            for r in data.get("runs", []) if r.get("env") == base.env]
 
 
 def _seed_list(text: str, seeds: int) -> set[int]:

@@ -201,6 +201,15 @@ def write_data(rep: dict[str, Any], path: Path) -> Path:
     return path
 
 
+def _reused_from(rep: dict) -> str:
+    """Where a bench's reused runs came from: its --out ledger, and the --reuse data files."""
+    files = sorted({r["reused_from"] for r in rep["runs"] if r.get("reused_from")})
+    from_files = sum(1 for r in rep["runs"] if r.get("reused_from"))
+    return " and ".join((["the --out ledger of an earlier one"] if rep["reused"] > from_files else [])
+                        + [f"`{f}` (--reuse: run in another --out on the same budget and config)"
+                           for f in files])
+
+
 def load_data(path: Path) -> dict[str, Any]:
     from coevo.errors import CoevoError
 
@@ -281,8 +290,8 @@ def _dataset(rep: dict[str, Any], folder: Path, h: str, tag: str) -> list[str]:
         + (" (**--small smoke run: the numbers mean nothing**)" if rep["small"] else ""),
         "", f"- Machine: {rep['machine']}",
         f"- Wall time: {rep['seconds'] / 60:.1f} min"
-        + (f" for this invocation, which reused {rep['reused']} finished runs from the --out "
-           "ledger of an earlier one" if rep.get("reused") else "")
+        + (f" for this invocation, which reused {rep['reused']} finished runs from "
+           + _reused_from(rep) if rep.get("reused") else "")
         + f"; the {len(rep['runs'])} runs' own times sum to "
         f"{sum(r.get('seconds') or 0 for r in rep['runs']) / 60:.1f} min. Seconds are wall clock "
         "on the machine as it was (other work ran beside some runs): compare tokens, not seconds",

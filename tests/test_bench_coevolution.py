@@ -196,6 +196,49 @@ def test_run_seeds_runs_only_the_seeds_named_and_reuses_the_ledger(tmp_path, mon
             bench.main(args + ["--run-seeds", bad])
 
 
+def test_reuse_takes_a_data_files_runs_on_its_budget_and_config_only(tmp_path, monkeypatch):
+    """--reuse: a data set whose --out is gone is extended with another seed. The file's runs
+    count as done (not run again, their stored proposer stats kept: their store is not this
+    one), the new seed runs, and the page says where the reused runs came from; a file written
+    on another budget or config is refused with one line naming the field."""
+    from coevo.errors import CoevoError
+
+    ran, docs_read = [], []
+
+    def fake_run_mode(b, mode, seed, budget_, store, *, rates, base_val):
+        ran.append((seed, mode, budget_))
+        return {"env": b.env, "seed": seed, "mode": mode, "run": f"R{seed}", "seed_test": {},
+                "proposer_stats": [{"proposer": "demos", "proposals": seed + 1}]}
+
+    monkeypatch.setattr(bench, "calibration", lambda b, store: (0.2, budget.Rates(500, 1000, 2500)))
+    monkeypatch.setattr(bench, "run_mode", fake_run_mode)
+    monkeypatch.setattr(bench, "proposer_docs", lambda store, run: docs_read.append(run) or [])
+    monkeypatch.setattr(bench, "write_results", lambda report, path: path)
+
+    def args(out, data, *more):
+        return ["--envs", "arithmetic", "--seeds", "2", "--modes", "gated", "--only",
+                "--null-n", "0", "--out", str(tmp_path / out), "--results", str(tmp_path / "R.md"),
+                "--data", str(tmp_path / data), *more]
+
+    bench.main(args("first", "d1.json", "--run-seeds", "0"))  # a first bench: seed 0
+    assert ran == [(0, "gated", 160_000)]
+    ran.clear()
+    rep = bench.main(args("second", "d2.json", "--reuse", str(tmp_path / "d1.json")))
+    assert ran == [(1, "gated", 160_000)]  # seed 0 came from the file, seed 1 ran here
+    assert [(r["seed"], r["run"], r.get("reused_from")) for r in rep["runs"]] == [
+        (0, "R0", "d1.json"), (1, "R1", None)]
+    assert rep["runs"][0]["proposer_stats"] == [{"proposer": "demos", "proposals": 1}]
+    assert docs_read == [] and rep["reused"] == 1
+    assert report._reused_from(rep).startswith("`d1.json` (--reuse")  # the page's wall-time line
+    with pytest.raises(CoevoError, match=r"--reuse d1.json: budget.rg:.* is 160000, this bench's is 50000"):
+        bench.main(args("third", "d3.json", "--budget", "100", "--reuse", str(tmp_path / "d1.json")))
+    with pytest.raises(CoevoError, match=r"--reuse d1.json: configs.*differs.*proposers"):
+        bench.main(args("third", "d3.json", "--proposers", "harness", "--reuse",
+                        str(tmp_path / "d1.json")))
+    with pytest.raises(CoevoError, match="--reuse: no data file"):
+        bench.main(args("third", "d3.json", "--reuse", str(tmp_path / "none.json")))
+
+
 # --- intervals, null check, the page ---------------------------------------------------------
 
 
