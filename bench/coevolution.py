@@ -58,7 +58,8 @@ from coevolution_budget import Rates, calibrate, cost, measured, plan_round, tra
 from coevolution_null import collect, null_candidate, simulate  # noqa: E402,F401 (null_candidate: tests)
 from coevolution_report import MODE_ORDER, PEER_MODES, VARIANTS, _f, _slug, load_data, write_data, write_results  # noqa: E402,F401
 
-from coevo.config import RunConfig, merge_blocks  # noqa: E402
+from coevo.blocks import merge_blocks  # noqa: E402
+from coevo.config import RunConfig  # noqa: E402
 from coevo.errors import CoevoError  # noqa: E402
 
 BENCH_CONFIGS = REPO / "training" / "bench"

@@ -15,6 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from coevo.blocks import merge_blocks
 from coevo.errors import AssetError
 from coevo.gate import GatePolicy
 from coevo.modes.settings import BetterTogetherSettings, FstSettings, SkillOptSettings
@@ -204,22 +205,6 @@ def read_layers(path: Path, chain: tuple[Path, ...] = (),
     if bases is not None:
         bases.append(nxt)
     return merge_blocks(read_layers(nxt, (*chain, here), bases), loaded)
-
-
-def merge_blocks(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    """`base` updated by `over`, recursing where both hold a block (a mapping).
-
-    >>> merge_blocks({"gate": {"alpha": 0.05, "name": "soft"}, "proposers": [1, 2]},
-    ...              {"gate": {"alpha": 0.1}, "proposers": [3]})
-    {'gate': {'alpha': 0.1, 'name': 'soft'}, 'proposers': [3]}
-    """
-    out = dict(base)
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merge_blocks(out[key], value)
-        else:
-            out[key] = value
-    return out
 
 
 def apply_override(data: dict[str, Any], item: str, source: str = "<config>") -> None:

@@ -93,4 +93,7 @@ def test_bench_configs_differ_from_their_base_only_where_they_say(child, base, d
 
 
 def test_doctests():
+    from coevo import blocks
+
     assert doctest.testmod(config).failed == 0
+    assert doctest.testmod(blocks).attempted == 1 and doctest.testmod(blocks).failed == 0

@@ -24,6 +24,7 @@ from coevo.assets.base import Asset, changed_fields, forbidden_changes
 from coevo.assets.harness import Harness
 from coevo.assets.rubric import Rubric
 from coevo.assets.skill import Skill, SkillLibrary
+from coevo.blocks import merge_blocks
 from coevo.checks import python_criteria_problems
 from coevo.envs.base import Feedback
 from coevo.errors import CoevoError
@@ -243,9 +244,9 @@ def candidate_from_changes(proposer: str, base: Asset, changes: dict[str, Any],
     becomes an invalid candidate (the reason names the field), never an exception."""
     from pydantic import ValidationError
 
-    data = base.model_dump(mode="json")
-    for key, value in changes.items():
-        data[key] = _merge(data.get(key), value)
+    # Blocks merge key by key (so `decoding: {temperature: 0.2}` keeps the other knobs);
+    # anything else replaces.
+    data = merge_blocks(base.model_dump(mode="json"), changes)
     data["parent"] = base.hash
     try:
         asset = type(base).model_validate(data)
@@ -255,17 +256,6 @@ def candidate_from_changes(proposer: str, base: Asset, changes: dict[str, Any],
         return Candidate(asset=None, proposer=proposer, kind=base.kind,
                          error=f"{base.kind}.{where}: {err['msg']}", **fields)
     return Candidate(asset=asset, proposer=proposer, kind=base.kind, **fields)
-
-
-def _merge(old: Any, new: Any) -> Any:
-    """Dicts merge key by key (so `decoding: {temperature: 0.2}` keeps the other knobs);
-    anything else replaces."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        out = dict(old)
-        for k, v in new.items():
-            out[k] = _merge(old.get(k), v)
-        return out
-    return new
 
 
 def dedupe(cands: Sequence[Candidate]) -> list[Candidate]:
