@@ -56,6 +56,7 @@ from coevo.assets.base import format_diff
 from coevo.errors import Ambiguous, NotFound
 from coevo.store.records import (REVIEW_POLICY, DecisionRecord, ProposalRecord, RunRecord,
                                   edit_text)
+from coevo.store.lease import INTERRUPTED_HINT
 from coevo.store.store import Store
 from coevo.terminal import plain, safe
 
@@ -323,8 +324,7 @@ def run_view(store: Store, run: str) -> Group:
     status = store.shown_status(rec)
     head = Text.assemble((safe(rec.name), "bold"), f"  id {rec.id}  mode {safe(rec.mode)}  status ",
                          (status, "bold"), f"  error: {safe(rec.error)}" if rec.error else "",
-                         "  (stored as running; no process executes it: resume it by name)"
-                         if status == "interrupted" else "")
+                         f"  ({INTERRUPTED_HINT})" if status == "interrupted" else "")
 
     rt = Table(title="rounds")
     for col in ("round", "status", "val", "test", "harness", "skill_library", "rubric",

@@ -175,7 +175,10 @@ def test_a_running_run_that_no_process_holds_is_shown_interrupted(db_url):
     assert [(d["status"], d["shown_status"]) for d in runs_doc(store)] == [("running", "interrupted")]
     table = render_text(runs_table(store), width=200)
     assert "interrupted" in table and "running" not in table
-    assert "status interrupted" in render_text(run_view(store, "r"), width=200)
+    from coevo.store.lease import INTERRUPTED_HINT
+
+    view = render_text(run_view(store, "r"), width=200)
+    assert "status interrupted" in view and f"({INTERRUPTED_HINT})" in view
     from starlette.testclient import TestClient
 
     from coevo.serve.app import create_app
@@ -188,6 +191,7 @@ def test_a_running_run_that_no_process_holds_is_shown_interrupted(db_url):
         got = web.get(page)
         assert got.status_code == 200 and ">interrupted<" in got.text.replace("<td>", ">").replace(
             "<dd>", ">").replace(" <span", "<"), page
+    assert f"({INTERRUPTED_HINT})</span>" in web.get(f"/runs/{rec.id}").text  # the run page says why
     ro.close()
     store.set_run_status(rec.id, "done")
     assert store.shown_status(store.get_run("r")) == "done"

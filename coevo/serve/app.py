@@ -38,6 +38,7 @@ from coevo.serve import views
 from coevo.serve.review import Refused, ReviewSettings, post_review
 from coevo.serve.views import BadRequest
 from coevo.store import Store
+from coevo.store.lease import INTERRUPTED_HINT
 
 log = logging.getLogger("coevo.serve")
 HERE = Path(__file__).resolve().parent
@@ -80,6 +81,7 @@ def templates() -> Environment:
     env.filters.update(short=short, fmt=fmt, signed=signed, when=when)
     env.globals["reward_rows"] = P.reward_rows
     env.globals["review_mode"] = False
+    env.globals["interrupted_hint"] = INTERRUPTED_HINT
     return env
 
 

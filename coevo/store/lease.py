@@ -38,6 +38,8 @@ from coevo.store.records import RunRecord
 
 log = logging.getLogger("coevo.store.lease")
 LEASE_TTL_S = 60.0  # a lease not renewed for this long is stale; renewed every TTL / 4
+# What a reader is told next to an `interrupted` run (shown_status), in the audit and the app.
+INTERRUPTED_HINT = "stored as running; no process executes it: resume it by name"
 
 
 def advisory_key(run_id: str) -> int:
