@@ -190,15 +190,62 @@ def run_mode(base: RunConfig, mode: str, seed: int, budget: float, store: Any, *
         _say(f"  {name}: round {rounds - 1}{' (RL-only tail)' if plan.tail else ''} done, "
              f"spent {spent:.0f}/{budget:g} tokens, val {_f(summary.get('val_score'))}")
     final = final_tests(store, run_id, cfg, parts, seed)
-    totals = store.budget_totals(run_id)
-    out = {"env": base.env, "config": base.name, "mode": mode, "seed": seed, "run": run_id,
-           "rounds": rounds, "tail_rounds": tail, "curve": curve, "spent": totals,
-           "cost": cost(totals), "proposals": proposal_counts(store, run_id),
-           "proposer_stats": proposer_docs(store, run_id), "tests": final,
-           "seed_test": seed_test(store, run_id, base.env), "seconds": time.perf_counter() - t0}
     del parts
     gc.collect()
-    return out
+    return record(store, base, mode, seed, run_id, tail, curve, final, time.perf_counter() - t0)
+
+
+def record(store: Any, base: RunConfig, mode: str, seed: int, run_id: str, tail: int,
+           curve: list, tests: dict[str, Any], seconds: float) -> dict[str, Any]:
+    """A finished run as the ledger and the page keep it."""
+    totals = store.budget_totals(run_id)
+    return {"env": base.env, "config": base.name, "mode": mode, "seed": seed, "run": run_id,
+            "rounds": len(curve) - 1, "tail_rounds": tail, "curve": curve, "spent": totals,
+            "cost": cost(totals), "proposals": proposal_counts(store, run_id),
+            "proposer_stats": proposer_docs(store, run_id), "tests": tests,
+            "seed_test": seed_test(store, run_id, base.env), "seconds": seconds}
+
+
+def recovered(store: Any, base: RunConfig, mode: str, seed: int,
+              base_val: float | None) -> dict[str, Any] | None:
+    """The ledger record of a run of (mode, seed) that finished in the store, final tests
+    included, but never reached the ledger (the bench died after its last test: 100 minutes of
+    BFCL not redone), rebuilt from what the store holds; None when there is no such run. A run
+    stopped earlier is not finished: it is started over under a new name, as before."""
+    from coevo.envs.registry import make_env
+
+    specs = [base.env, *EXTRA_TEST.get(base.env, [])]
+    names = {f"{base.name}-{mode}-s{seed}"} | {f"{base.name}-{mode}-s{seed}-retry{k}" for k in range(1, 10)}
+    for run in reversed([r for r in store.runs() if r.name in names]):
+        rounds = [r for r in store.rounds(run.id) if r.status == "done"]
+        start = ((rounds[0].summary.get("evaluations") or {}).get("test_start") if rounds else None)
+        last_round_end = max((r.ended_at for r in rounds if r.ended_at), default=None)
+        evals = [store.get_evaluation(e) for e in store.evaluation_ids(run.id, "test") if e != start]
+        final = {e.env: e for e in evals if last_round_end and e.created_at >= last_round_end}
+        if not rounds or set(final) != set(specs):
+            continue
+        tests = {}
+        for spec in specs:
+            ev, sm = final[spec], final[spec].summary
+            per: dict[str, list[float]] = {}
+            for row in ev.results:
+                if row.outcome is not None:
+                    per.setdefault(row.task_id, []).append(row.outcome)
+            env = make_env(spec)
+            tests[spec] = {"mean": sm.get("mean"), "ci": [sm.get("ci_low"), sm.get("ci_high")],
+                           "n": sm.get("n_tasks"), "tasks": {k: sum(v) / len(v) for k, v in per.items()},
+                           "criteria": sm.get("criteria", {}), "details": test_details(store, env, ev.id),
+                           "evaluation": ev.id, "infra_failures": sm.get("n_infra_failures")}
+        curve, spent = [(0.0, rounds[0].summary.get("val_start_score", base_val))], 0.0
+        for r in rounds:
+            spent += cost(store.budget_totals(run.id, round=r.index))
+            curve.append((spent, r.summary.get("val_score")))
+        # RL-only tail rounds (gated, ungated) are the ones run without proposers
+        tail = (sum(1 for r in rounds if not store.proposals(run.id, round=r.index))
+                if variant(base, mode)[1] in ("gated", "ungated") else 0)
+        seconds = (max(e.created_at for e in final.values()) - run.created_at).total_seconds()
+        return record(store, base, mode, seed, run.id, tail, curve, tests, seconds)
+    return None
 
 
 def final_tests(store: Any, run_id: str, cfg: RunConfig, parts: Any, seed: int) -> dict[str, Any]:
@@ -407,9 +454,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 if seed not in allowed:
                     _say(f"[bold]{b.name}[/bold] seed {seed} mode {mode}: not in --run-seeds, left out")
                     continue
-                _say(f"[bold]{b.name}[/bold] seed {seed} mode {mode}")
-                runs.append(run_mode(b, mode, seed, budgets[b.env], store, rates=rates[b.env],
-                                     base_val=base_vals[b.env]))
+                if (r := recovered(store, b, mode, seed, base_vals[b.env])) is not None:
+                    _say(f"[bold]{b.name}[/bold] seed {seed} mode {mode}: finished in the "
+                         f"store (run {r['run']}) but not in the ledger: recovered")
+                    runs.append(r)
+                else:
+                    _say(f"[bold]{b.name}[/bold] seed {seed} mode {mode}")
+                    runs.append(run_mode(b, mode, seed, budgets[b.env], store, rates=rates[b.env],
+                                         base_val=base_vals[b.env]))
                 with ledger.open("a") as f:
                     f.write(json.dumps(runs[-1], default=str) + "\n")
     null = None

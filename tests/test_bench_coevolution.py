@@ -157,6 +157,19 @@ def test_a_variant_label_runs_its_loop_mode_with_its_settings(monkeypatch):
     assert b.bettertogether.select == "mean"  # the base config is not changed
 
 
+def _fake_runs(monkeypatch) -> list[tuple[int, str]]:
+    """bench.main with calibration and run_mode faked: the (seed, mode) pairs it runs."""
+    ran = []
+
+    def fake_run_mode(b, mode, seed, budget_, store, *, rates, base_val):
+        ran.append((seed, mode))
+        return {"env": b.env, "seed": seed, "mode": mode, "run": f"R{seed}", "seed_test": {}}
+
+    monkeypatch.setattr(bench, "calibration", lambda b, store: (0.2, budget.Rates(500, 1000, 2500)))
+    monkeypatch.setattr(bench, "run_mode", fake_run_mode)
+    return ran
+
+
 def test_run_seeds_runs_only_the_seeds_named_and_reuses_the_ledger(tmp_path, monkeypatch):
     """--run-seeds: two processes sharing one --out can run different seeds; a seed outside the
     list is reused from the ledger when done there and left out otherwise. --name names the
@@ -167,14 +180,7 @@ def test_run_seeds_runs_only_the_seeds_named_and_reuses_the_ledger(tmp_path, mon
     out.mkdir()
     done = {"env": _base(small=False).env, "seed": 0, "mode": "gated", "run": "R0", "seed_test": {}}
     (out / "runs.jsonl").write_text(json.dumps(done) + "\n")
-    ran = []
-
-    def fake_run_mode(b, mode, seed, budget_, store, *, rates, base_val):
-        ran.append((seed, mode))
-        return {"env": b.env, "seed": seed, "mode": mode, "run": f"R{seed}", "seed_test": {}}
-
-    monkeypatch.setattr(bench, "calibration", lambda b, store: (0.2, budget.Rates(500, 1000, 2500)))
-    monkeypatch.setattr(bench, "run_mode", fake_run_mode)
+    ran = _fake_runs(monkeypatch)
     monkeypatch.setattr(bench, "proposer_docs", lambda *a: [])
     monkeypatch.setattr(bench, "write_data", lambda report, path: None)
     monkeypatch.setattr(bench, "write_results", lambda report, path: path)
@@ -237,6 +243,49 @@ def test_reuse_takes_a_data_files_runs_on_its_budget_and_config_only(tmp_path, m
                         str(tmp_path / "d1.json")))
     with pytest.raises(CoevoError, match="--reuse: no data file"):
         bench.main(args("third", "d3.json", "--reuse", str(tmp_path / "none.json")))
+
+
+def test_a_run_finished_in_the_store_but_not_the_ledger_is_recovered_not_rerun(tmp_path, monkeypatch):
+    """The bench died after a run's final tests but before its ledger line (it happened: an
+    import failed while the stats were read, after 100 minutes of BFCL). The rerun rebuilds the
+    record from the store, test outcomes per task included, instead of running it again; a
+    run that stopped before its final tests is run again under a new name, as before."""
+    from coevo.store import Store
+
+    out = tmp_path / "out"
+    out.mkdir()
+    b = bench.base_config("arithmetic", False, out, None, ["demos"], "embedded")
+    store = Store.open(f"sqlite:///{out / 'bench.db'}")
+
+    def finished_run(name, final):
+        run = store.create_run(name, mode="weight-only", status="done")
+        start = store.create_evaluation(split="test", env=b.env, run=run.id)
+        store.add_results(start, [{"task_id": "t1", "outcome": 0.0}, {"task_id": "t2", "outcome": 0.0}])
+        store.start_round(run.id, 0)
+        store.finish_round(run.id, 0, summary={"val_start_score": 0.1, "val_score": 0.3,
+                                               "evaluations": {"test_start": start}})
+        if final:
+            ev = store.create_evaluation(split="test", env=b.env, run=run.id)
+            store.add_results(ev, [{"task_id": "t1", "outcome": 1.0}, {"task_id": "t2", "outcome": 0.0}],
+                              summary={"mean": 0.5, "ci_low": 0.0, "ci_high": 1.0, "n_tasks": 2,
+                                       "criteria": {}, "n_infra_failures": 0})
+        return run.id
+
+    done_id = finished_run(f"{b.name}-weight-only-s0", final=True)
+    finished_run(f"{b.name}-weight-only-s1", final=False)
+    ran = _fake_runs(monkeypatch)
+    monkeypatch.setattr(bench, "write_results", lambda report, path: path)
+    rep = bench.main(["--envs", "arithmetic", "--seeds", "2", "--modes", "weight-only", "--only",
+                      "--proposers", "demos", "--null-n", "0", "--out", str(out),
+                      "--results", str(tmp_path / "R.md"), "--data", str(tmp_path / "d.json")])
+    assert ran == [(1, "weight-only")]  # seed 1 never reached its final tests: run again
+    got = rep["runs"][0]
+    assert (got["run"], got["rounds"], got["tail_rounds"]) == (done_id, 1, 0)
+    assert got["tests"][b.env]["tasks"] == {"t1": 1.0, "t2": 0.0}
+    assert got["tests"][b.env]["mean"] == 0.5 and got["proposals"]["accepted"] == 0
+    assert got["curve"] == [[0.0, 0.1], [0.0, 0.3]]  # (tokens spent, val) per round
+    ledger = [json.loads(x) for x in (out / "runs.jsonl").read_text().splitlines()]
+    assert [(r["seed"], r["run"]) for r in ledger] == [(0, done_id), (1, "R1")]
 
 
 # --- intervals, null check, the page ---------------------------------------------------------

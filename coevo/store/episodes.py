@@ -150,3 +150,12 @@ class EpisodeStore(StoreBase):
                     reward=r.reward, criteria=r.criteria, status=r.status,
                     trajectory=r.trajectory_id) for r in results], key=ev.key)
 
+
+    def evaluation_ids(self, run: str, split: str | None = None) -> list[str]:
+        """The ids of a run's evaluations (on `split` when given), oldest first."""
+        with self.transaction() as s:
+            run_id = self._run(s, run).id
+            q = sa.select(T.Evaluation.id).where(T.Evaluation.run_id == run_id)
+            if split is not None:
+                q = q.where(T.Evaluation.split == split)
+            return list(s.execute(q.order_by(T.Evaluation.created_at, T.Evaluation.id)).scalars())
