@@ -215,7 +215,8 @@ def recovered(store: Any, base: RunConfig, mode: str, seed: int,
     from coevo.envs.registry import make_env
 
     specs = [base.env, *EXTRA_TEST.get(base.env, [])]
-    names = {f"{base.name}-{mode}-s{seed}"} | {f"{base.name}-{mode}-s{seed}-retry{k}" for k in range(1, 10)}
+    name = f"{base.name}-{mode}-s{seed}"
+    names = {name} | {f"{name}-retry{k}" for k in range(1, 10)}
     for run in reversed([r for r in store.runs() if r.name in names]):
         rounds = [r for r in store.rounds(run.id) if r.status == "done"]
         start = ((rounds[0].summary.get("evaluations") or {}).get("test_start") if rounds else None)
@@ -233,9 +234,11 @@ def recovered(store: Any, base: RunConfig, mode: str, seed: int,
                     per.setdefault(row.task_id, []).append(row.outcome)
             env = make_env(spec)
             tests[spec] = {"mean": sm.get("mean"), "ci": [sm.get("ci_low"), sm.get("ci_high")],
-                           "n": sm.get("n_tasks"), "tasks": {k: sum(v) / len(v) for k, v in per.items()},
-                           "criteria": sm.get("criteria", {}), "details": test_details(store, env, ev.id),
-                           "evaluation": ev.id, "infra_failures": sm.get("n_infra_failures")}
+                           "n": sm.get("n_tasks"),
+                           "tasks": {k: sum(v) / len(v) for k, v in per.items()},
+                           "criteria": sm.get("criteria", {}),
+                           "details": test_details(store, env, ev.id), "evaluation": ev.id,
+                           "infra_failures": sm.get("n_infra_failures")}
         curve, spent = [(0.0, rounds[0].summary.get("val_start_score", base_val))], 0.0
         for r in rounds:
             spent += cost(store.budget_totals(run.id, round=r.index))
