@@ -84,6 +84,7 @@ def _flat(d, prefix=""):
 @pytest.mark.parametrize("child, base, differs", [
     ("bfcl-copy-rl-capability", "bfcl-copy-rl", {"name", "rl.stage.sampler", "rl.stage.sampler_options.rounds"}),
     ("bfcl-joint", "bfcl-copy", {"name", "proposers"}),
+    ("bfcl-copy-rl-long", "bfcl-copy-rl", {"name", "rl.stage.steps", "rl.stage.checkpoint_every"}),
     ("arithmetic-rl-demos", "arithmetic-rl", {"name", "bettertogether.strategy"}),
 ])
 def test_bench_configs_differ_from_their_base_only_where_they_say(child, base, differs):
