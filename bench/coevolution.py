@@ -213,6 +213,7 @@ def recovered(store: Any, base: RunConfig, mode: str, seed: int,
     BFCL not redone), rebuilt from what the store holds; None when there is no such run. A run
     stopped earlier is not finished: it is started over under a new name, as before."""
     from coevo.envs.registry import make_env
+    from coevo.evaluate import task_outcomes
 
     specs = [base.env, *EXTRA_TEST.get(base.env, [])]
     name = f"{base.name}-{mode}-s{seed}"
@@ -228,17 +229,11 @@ def recovered(store: Any, base: RunConfig, mode: str, seed: int,
         tests = {}
         for spec in specs:
             ev, sm = final[spec], final[spec].summary
-            per: dict[str, list[float]] = {}
-            for row in ev.results:
-                if row.outcome is not None:
-                    per.setdefault(row.task_id, []).append(row.outcome)
-            env = make_env(spec)
             tests[spec] = {"mean": sm.get("mean"), "ci": [sm.get("ci_low"), sm.get("ci_high")],
-                           "n": sm.get("n_tasks"),
-                           "tasks": {k: sum(v) / len(v) for k, v in per.items()},
+                           "n": sm.get("n_tasks"), "tasks": task_outcomes(ev),
                            "criteria": sm.get("criteria", {}),
-                           "details": test_details(store, env, ev.id), "evaluation": ev.id,
-                           "infra_failures": sm.get("n_infra_failures")}
+                           "details": test_details(store, make_env(spec), ev.id),
+                           "evaluation": ev.id, "infra_failures": sm.get("n_infra_failures")}
         curve, spent = [(0.0, rounds[0].summary.get("val_start_score", base_val))], 0.0
         for r in rounds:
             spent += cost(store.budget_totals(run.id, round=r.index))
@@ -503,9 +498,10 @@ def reusable(path: Path, base: RunConfig, budget: float, out: Path) -> list[dict
         raise CoevoError(f"--reuse: no data file {path}")
     data = load_data(path)
     name = data_name(Path(path))
-    if (data.get("budget") or {}).get(base.env) != budget:
-        raise CoevoError(f"--reuse {name}: budget.{base.env} is "
-                         f"{(data.get('budget') or {}).get(base.env)}, this bench's is {budget:g}")
+    theirs_budget = (data.get("budget") or {}).get(base.env)
+    if theirs_budget != budget:
+        raise CoevoError(f"--reuse {name}: budget.{base.env} is {theirs_budget}, "
+                         f"this bench's is {budget:g}")
     ours = portable({"c": base.model_dump(mode="json", exclude=_SET_BY_BENCH)}, out)["c"]
     theirs = (data.get("configs") or {}).get(base.env)
     if theirs != ours:

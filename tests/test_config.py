@@ -97,4 +97,5 @@ def test_doctests():
     from coevo import blocks
 
     assert doctest.testmod(config).failed == 0
-    assert doctest.testmod(blocks).attempted == 1 and doctest.testmod(blocks).failed == 0
+    got = doctest.testmod(blocks)
+    assert got.attempted == 1 and got.failed == 0

@@ -150,7 +150,6 @@ class EpisodeStore(StoreBase):
                     reward=r.reward, criteria=r.criteria, status=r.status,
                     trajectory=r.trajectory_id) for r in results], key=ev.key)
 
-
     def evaluation_ids(self, run: str, split: str | None = None) -> list[str]:
         """The ids of a run's evaluations (on `split` when given), oldest first."""
         with self.transaction() as s:
