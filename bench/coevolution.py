@@ -341,8 +341,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--seeds", type=int, default=None, help="seeds per env (default 2; small 1)")
     ap.add_argument("--run-seeds", default=None,
                     help="comma list of the seeds this invocation may run (default: all of "
-                         "--seeds); the others are taken from --out's ledger when done there, else "
-                         "left out: two processes sharing one --out can run different seeds")
+                         "--seeds), or none; the others are taken from --out's ledger or --reuse "
+                         "when done there, else left out and listed on the page as not run: two "
+                         "processes sharing one --out can run different seeds")
     ap.add_argument("--envs", default=None, help="training/bench config names or .yaml paths "
                     "(default bfcl,arithmetic; small arithmetic)")
     ap.add_argument("--budget", type=float, default=None, help="per (env, seed) and mode, in "
@@ -427,7 +428,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for line in ledger.read_text().splitlines():
             r = json.loads(line)
             done[(r["env"], r["seed"], r["mode"])] = r
-    runs, base_vals, rates, budgets, reused = [], {}, {}, {}, 0
+    runs, base_vals, rates, budgets, reused, missing = [], {}, {}, {}, 0, []
     for b in bases:
         base_vals[b.env], rates[b.env] = calibration(b, store)
         # The budget is fixed per env here, before any mode runs: every mode gets the same.
@@ -451,6 +452,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     continue
                 if seed not in allowed:
                     _say(f"[bold]{b.name}[/bold] seed {seed} mode {mode}: not in --run-seeds, left out")
+                    missing.append(f"{b.env} seed {seed} {mode}")
                     continue
                 if (r := recovered(store, b, mode, seed, base_vals[b.env])) is not None:
                     _say(f"[bold]{b.name}[/bold] seed {seed} mode {mode}: finished in the "
@@ -475,13 +477,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
               "command": "python bench/coevolution.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "small": a.small, "seeds": len({r["seed"] for r in runs}) or seeds,  # present ones
+              "seeds_declared": seeds,
               "budget": budgets,
               "budget_units": None if a.budget_tokens else units,
               "proposers": proposers, "proposer_model": a.proposer_model,
               "machine": machine(), "seconds": time.perf_counter() - t0, "estimate_s": est,
               "reused": reused,
               "configs": {b.env: b.model_dump(mode="json", exclude=_SET_BY_BENCH) for b in bases},
-              "base_val": base_vals, "runs": runs, "null": null,
+              "base_val": base_vals, "runs": runs, "missing": missing, "null": null,
               "data": data_name(data_path)}
     report = portable(report, out, a.results)
     write_data(report, data_path)
@@ -513,7 +516,10 @@ def reusable(path: Path, base: RunConfig, budget: float, out: Path) -> list[dict
 
 
 def _seed_list(text: str, seeds: int) -> set[int]:
-    """--run-seeds as a set of seeds, each one of range(seeds)."""
+    """--run-seeds as a set of seeds, each one of range(seeds); `none`: run no seed (the data
+    set is rebuilt from the ledger and --reuse files; its page lists the runs not yet done)."""
+    if text.strip() == "none":
+        return set()
     try:
         out = {int(x) for x in text.split(",") if x.strip()}
     except ValueError:

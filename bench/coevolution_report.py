@@ -295,7 +295,10 @@ def _dataset(rep: dict[str, Any], folder: Path, h: str, tag: str) -> list[str]:
         + f"; the {len(rep['runs'])} runs' own times sum to "
         f"{sum(r.get('seconds') or 0 for r in rep['runs']) / 60:.1f} min. Seconds are wall clock "
         "on the machine as it was (other work ran beside some runs): compare tokens, not seconds",
-        f"- Seeds: {rep['seeds']} per env; every mode of a seed starts from the same seed asset "
+        f"- Seeds: {rep['seeds']} per env"
+        + (f" of the {rep['seeds_declared']} the command declares"
+           if rep.get("seeds_declared", rep["seeds"]) != rep["seeds"] else "")
+        + "; every mode of a seed starts from the same seed asset "
         "versions, pinned by hash from the seed files when the run is created, and a freshly "
         "loaded base model",
         f"- Budget per (env, seed, mode): " + ", ".join(f"{v:g} model tokens on {k.split('?')[0]}"
@@ -316,8 +319,9 @@ def _dataset(rep: dict[str, Any], folder: Path, h: str, tag: str) -> list[str]:
         "accuracy: the answer decoded as BFCL's own decoder does; `lenient_correct` is the "
         "same checker on the harness's more lenient parse.", ""]
     if rep.get("missing"):
-        lines += ["**Not run** (out of time; the table holds only the runs that finished, "
-                  "nothing was dropped): " + "; ".join(rep["missing"]) + ".", ""]
+        lines += ["**Not run yet** (left out by `--run-seeds`, for a later invocation to add "
+                  "with `--reuse`; the table holds only the runs that finished, nothing was "
+                  "dropped): " + "; ".join(rep["missing"]) + ".", ""]
     for env in rep["configs"]:
         runs = [r for r in rep["runs"] if r["env"] == env]
         specs = list(dict.fromkeys(s for r in runs for s in r["tests"]))

@@ -191,12 +191,18 @@ def test_run_seeds_runs_only_the_seeds_named_and_reuses_the_ledger(tmp_path, mon
     assert ran == [(2, "gated")]  # seed 1 is neither done nor named: left out
     assert [(r["seed"], r["run"]) for r in rep["runs"]] == [(0, "R0"), (2, "R2")]
     assert rep["seeds"] == 2  # the page's "Seeds: N per env" counts the seeds it has
+    env = _base(small=False).env
+    assert rep["missing"] == [f"{env} seed 1 gated"] and rep["seeds_declared"] == 3
     ledger = [json.loads(x) for x in (out / "runs.jsonl").read_text().splitlines()]
     assert [(r["seed"], r["mode"]) for r in ledger] == [(0, "gated"), (2, "gated")]
     ran.clear()
     rep = bench.main(args)  # all seeds: 0 and 2 from the ledger, 1 runs now
     assert ran == [(1, "gated")] and [r["seed"] for r in rep["runs"]] == [0, 1, 2]
-    assert rep["name"] == "arithmetic" and rep["seeds"] == 3
+    assert rep["name"] == "arithmetic" and rep["seeds"] == 3 and rep["missing"] == []
+    ran.clear()  # none: the data set rebuilt from the ledger, nothing run
+    rep = bench.main(args + ["--seeds", "4", "--run-seeds", "none"])
+    assert ran == [] and [r["seed"] for r in rep["runs"]] == [0, 1, 2]
+    assert rep["missing"] == [f"{env} seed 3 gated"] and rep["seeds_declared"] == 4
     for bad in ("3", "x", ","):
         with pytest.raises(CoevoError, match="--run-seeds"):
             bench.main(args + ["--run-seeds", bad])
@@ -362,6 +368,18 @@ def test_report_only_rebuilds_the_page_from_the_data_json(tmp_path):
     assert "500 model tokens on toy:env (10 seed-incumbent val episodes' worth" in first
     with pytest.raises(bench.CoevoError, match="no data file"):
         bench.main(["--report-only", "--data", str(tmp_path / "none.json"), "--results", str(page)])
+
+
+def test_page_says_which_declared_runs_are_not_run_yet(tmp_path):
+    """A data set built in parts (--run-seeds) says on its page how many seeds the command
+    declares and which (env, seed, mode) runs it does not hold yet."""
+    rep = _report(tmp_path)
+    text = report.write_results(rep, tmp_path / "RESULTS.md").read_text()
+    assert "Not run yet" not in text and f"- Seeds: {rep['seeds']} per env;" in text
+    rep |= {"seeds_declared": rep["seeds"] + 1, "missing": ["toy:env seed 2 gated"]}
+    text = report.write_results(rep, tmp_path / "RESULTS.md").read_text()
+    assert f"- Seeds: {rep['seeds']} per env of the {rep['seeds'] + 1} the command declares;" in text
+    assert "**Not run yet** (left out by `--run-seeds`" in text and ": toy:env seed 2 gated." in text
 
 
 def test_page_pairs_gated_with_every_mode_and_every_mode_with_the_seed_incumbent(tmp_path):
