@@ -136,6 +136,22 @@ def calibration(base: RunConfig, store: Any) -> tuple[float | None, Rates]:
     return res.mean, calibrate(res, CALL_GUESS)
 
 
+def calibrated(base: RunConfig, store: Any, out: Path) -> tuple[float | None, Rates]:
+    """`calibration`, once per --out and config: kept in `calibration.json` there, so every
+    invocation sharing an --out (--run-seeds parts, a rebuild) plans on the same rates and
+    gives its runs the same budget, and a rebuild does not evaluate the val split again."""
+    path = out / "calibration.json"
+    kept = json.loads(path.read_text()) if path.exists() else {}
+    config = json.dumps(base.model_dump(mode="json", exclude=_SET_BY_BENCH), sort_keys=True)
+    if (k := kept.get(base.env)) and k["config"] == config:
+        return k["base_val"], Rates(**k["rates"])
+    base_val, rates = calibration(base, store)
+    kept[base.env] = {"config": config, "base_val": base_val,
+                      "rates": {"eval": rates.eval, "rl": rates.rl, "call": rates.call}}
+    path.write_text(json.dumps(kept, indent=1))
+    return base_val, rates
+
+
 def variant(base: RunConfig, label: str) -> tuple[RunConfig, str]:
     """A --modes label as (the config it runs, the loop mode): a loop mode as it is, or a
     VARIANTS label's loop mode with its settings merged into the config's blocks."""
@@ -430,7 +446,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             done[(r["env"], r["seed"], r["mode"])] = r
     runs, base_vals, rates, budgets, reused, missing = [], {}, {}, {}, 0, []
     for b in bases:
-        base_vals[b.env], rates[b.env] = calibration(b, store)
+        base_vals[b.env], rates[b.env] = calibrated(b, store, out)
         # The budget is fixed per env here, before any mode runs: every mode gets the same.
         budgets[b.env] = a.budget_tokens or round(units * rates[b.env].eval)
         _say(f"{b.env}: seed incumbent val score {_f(base_vals[b.env])}; first estimates "

@@ -208,6 +208,33 @@ def test_run_seeds_runs_only_the_seeds_named_and_reuses_the_ledger(tmp_path, mon
             bench.main(args + ["--run-seeds", bad])
 
 
+def test_one_calibration_per_out_and_config(tmp_path, monkeypatch):
+    """Invocations sharing an --out (--run-seeds parts, a rebuild) plan on the rates of one
+    calibration, so every run of the data set has the same budget; another config calibrates
+    again."""
+    calls = []
+
+    def fake_calibration(b, store):
+        calls.append(b.env)
+        return 0.25, budget.Rates(500 + 100 * len(calls), 1000, 2500)  # differs per call
+
+    ran = _fake_runs(monkeypatch)
+    monkeypatch.setattr(bench, "calibration", fake_calibration)
+    monkeypatch.setattr(bench, "proposer_docs", lambda *a: [])
+    monkeypatch.setattr(bench, "write_data", lambda report, path: None)
+    monkeypatch.setattr(bench, "write_results", lambda report, path: path)
+    args = ["--envs", "arithmetic", "--seeds", "2", "--modes", "gated", "--only", "--null-n", "0",
+            "--out", str(tmp_path / "out"), "--results", str(tmp_path / "R.md"),
+            "--data", str(tmp_path / "d.json")]
+    first = bench.main(args + ["--run-seeds", "0"])
+    second = bench.main(args + ["--run-seeds", "1"])
+    assert ran == [(0, "gated"), (1, "gated")] and len(calls) == 1
+    assert first["budget"] == second["budget"] == {second["runs"][0]["env"]: 320 * 600}
+    assert second["base_val"] == {second["runs"][0]["env"]: 0.25}
+    third = bench.main(args + ["--run-seeds", "none", "--proposers", "harness"])
+    assert len(calls) == 2 and list(third["budget"].values()) == [320 * 700]
+
+
 def test_reuse_takes_a_data_files_runs_on_its_budget_and_config_only(tmp_path, monkeypatch):
     """--reuse: a data set whose --out is gone is extended with another seed. The file's runs
     count as done (not run again, their stored proposer stats kept: their store is not this
