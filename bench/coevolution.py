@@ -289,14 +289,12 @@ def seed_test(store: Any, run_id: str, env: str) -> dict[str, Any] | None:
     """The seed incumbent (seed assets, base model) on the test split, as round 0 scored it
     when the config has `splits.seed_test`: the same test tasks and sampling seeds as the
     final test, so the two pair per task. Per task the mean outcome of its scored episodes."""
+    from coevo.evaluate import task_outcomes
+
     ev = (store.get_round(run_id, 0).summary.get("evaluations") or {}).get("test_start")
     if not ev:
         return None
-    per: dict[str, list[float]] = {}
-    for t in store.trajectories(evaluation=ev):
-        if not t.infra_failed and t.outcome is not None:
-            per.setdefault(t.task_id, []).append(float(t.outcome))
-    tasks = {k: sum(v) / len(v) for k, v in per.items()}
+    tasks = task_outcomes(store.get_evaluation(ev))
     return {env: {"mean": sum(tasks.values()) / len(tasks) if tasks else None, "tasks": tasks,
                   "evaluation": ev}}
 

@@ -315,6 +315,9 @@ def test_a_run_finished_in_the_store_but_not_the_ledger_is_recovered_not_rerun(t
     got = rep["runs"][0]
     assert (got["run"], got["rounds"], got["tail_rounds"]) == (done_id, 1, 0)
     assert got["tests"][b.env]["tasks"] == {"t1": 1.0, "t2": 0.0}
+    # the seed incumbent's per-task outcomes come from the evaluation's results, as the final
+    # test's do (this store keeps no trajectories for them)
+    assert got["seed_test"][b.env]["tasks"] == {"t1": 0.0, "t2": 0.0}
     assert got["tests"][b.env]["mean"] == 0.5 and got["proposals"]["accepted"] == 0
     assert got["curve"] == [[0.0, 0.1], [0.0, 0.3]]  # (tokens spent, val) per round
     ledger = [json.loads(x) for x in (out / "runs.jsonl").read_text().splitlines()]
