@@ -148,7 +148,9 @@ def calibrated(base: RunConfig, store: Any, out: Path) -> tuple[float | None, Ra
     base_val, rates = calibration(base, store)
     kept[base.env] = {"config": config, "base_val": base_val,
                       "rates": {"eval": rates.eval, "rl": rates.rl, "call": rates.call}}
-    path.write_text(json.dumps(kept, indent=1))
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(kept, indent=1))
+    tmp.replace(path)  # a bench killed while writing leaves the old file whole
     return base_val, rates
 
 
