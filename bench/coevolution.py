@@ -42,7 +42,7 @@ import os
 import platform
 import sys
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -146,8 +146,7 @@ def calibrated(base: RunConfig, store: Any, out: Path) -> tuple[float | None, Ra
     if (k := kept.get(base.env)) and k["config"] == config:
         return k["base_val"], Rates(**k["rates"])
     base_val, rates = calibration(base, store)
-    kept[base.env] = {"config": config, "base_val": base_val,
-                      "rates": {"eval": rates.eval, "rl": rates.rl, "call": rates.call}}
+    kept[base.env] = {"config": config, "base_val": base_val, "rates": asdict(rates)}
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(kept, indent=1))
     tmp.replace(path)  # a bench killed while writing leaves the old file whole
