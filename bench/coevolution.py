@@ -490,7 +490,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         _say(f"null check: {null['accepted']}/{null['n']} accepted (95% upper bound {_f(null['upper95'])})")
     report = {"name": a.name or ",".join(envs),
               "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-              "command": "python bench/coevolution.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+              "command": stored_command(argv if argv is not None else sys.argv[1:]),
               "small": a.small, "seeds": len({r["seed"] for r in runs}) or seeds,  # present ones
               "seeds_declared": seeds,
               "budget": budgets,
@@ -545,9 +545,44 @@ def _seed_list(text: str, seeds: int) -> set[int]:
 
 
 def data_name(path: Path) -> str:
-    """How the page names a data file: relative to the checkout, or by its file name."""
+    """How the page names a data file: relative to the checkout that holds it (this one, or
+    another clone the bench wrote into: `bench/data/...` reruns from either), or by its file
+    name when no checkout holds it."""
     path = path.resolve()
-    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else path.name
+    root = REPO if path.is_relative_to(REPO) else checkout_of(path.parent)
+    return str(path.relative_to(root)) if root else path.name
+
+
+def checkout_of(path: Path) -> Path | None:
+    """The git checkout `path` lies in (the nearest folder up with a `.git`), or None."""
+    return next((p for p in (path, *path.parents) if (p / ".git").exists()), None)
+
+
+_FILE_FLAGS = ("--data", "--reuse")
+
+
+def stored_command(argv: list[str]) -> str:
+    """The command as the data file keeps it: --data and --reuse files named as `data_name`
+    names them (a file no checkout holds as `<its name>`) and the --out folder `<out>`, given
+    absolute or relative, so the stored command names no folder of the machine that ran it,
+    whichever checkout it ran from."""
+    def shown(value: str) -> str:
+        path = Path(value).resolve()
+        name = data_name(path)
+        return name if path.is_relative_to(REPO) or checkout_of(path.parent) else f"<{name}>"
+
+    out, flag = [], None
+    for arg in argv:
+        key, eq, value = arg.partition("=")
+        if flag:
+            arg = "<out>" if flag == "--out" else shown(arg)
+        elif eq and key == "--out":
+            arg = "--out=<out>"
+        elif eq and key in _FILE_FLAGS:
+            arg = f"{key}={shown(value)}"
+        flag = arg if arg in (*_FILE_FLAGS, "--out") else None
+        out.append(arg)
+    return "python bench/coevolution.py " + " ".join(out)
 
 
 def portable(report: dict[str, Any], out: Path, results: Path | None = None) -> dict[str, Any]:
