@@ -554,8 +554,10 @@ def data_name(path: Path) -> str:
 
 
 def checkout_of(path: Path) -> Path | None:
-    """The git checkout `path` lies in (the nearest folder up with a `.git`), or None."""
-    return next((p for p in (path, *path.parents) if (p / ".git").exists()), None)
+    """The coevo checkout `path` lies in (the nearest folder up with a `.git` and this script
+    at bench/coevolution.py), or None: a file in some other repository is named by its name."""
+    return next((p for p in (path, *path.parents)
+                 if (p / ".git").exists() and (p / "bench" / "coevolution.py").is_file()), None)
 
 
 _FILE_FLAGS = ("--data", "--reuse")

@@ -613,15 +613,24 @@ def test_the_rebuild_command_names_the_files_the_page_was_built_from(tmp_path):
     assert "<out>/coevolution.json" not in text
 
 
+def _checkout(root: Path) -> Path:
+    """A second coevo clone as `checkout_of` recognizes one: a .git and the bench script."""
+    (root / ".git").mkdir(parents=True)
+    (root / "bench").mkdir()
+    (root / "bench" / "coevolution.py").write_text("")
+    return root
+
+
 def test_a_data_file_in_another_checkout_is_named_from_that_checkout(tmp_path):
     """A bench run from a second clone writing into the main one (`--data ../main/bench/data/
     x.json`) named the file `x.json`, so the page's rebuild command did not rerun as printed:
     it is named from the checkout that holds it; a file no checkout holds keeps its name."""
-    other = tmp_path / "main"
-    (other / ".git").mkdir(parents=True)
+    other = _checkout(tmp_path / "main")
     inside = other / "bench" / "data" / "x.json"
     assert bench.data_name(inside) == "bench/data/x.json"
     assert bench.data_name(tmp_path / "scratch" / "y.json") == "y.json"
+    (tmp_path / "repo" / ".git").mkdir(parents=True)  # a repository, not a coevo checkout
+    assert bench.data_name(tmp_path / "repo" / "bench" / "data" / "w.json") == "w.json"
     assert bench.data_name(bench.REPO / "bench" / "data" / "z.json") == "bench/data/z.json"
 
 
@@ -629,8 +638,7 @@ def test_the_stored_command_names_no_folder_of_the_machine(tmp_path):
     """--data, --reuse and a relative --out went into the stored command as given (`/work/
     main/bench/data/...`, `/tmp/...`, `bench/out/gated2`): files in a checkout are named from
     it, others `<name>`, the --out folder `<out>`."""
-    other = tmp_path / "main"
-    (other / ".git").mkdir(parents=True)
+    other = _checkout(tmp_path / "main")
     argv = ["--envs", "bfcl-copy-rl", "--data", str(other / "bench/data/a.json"),
             f"--reuse={tmp_path / 'b.json'}", "--reuse", str(bench.REPO / "bench/data/c.json"),
             "--out", "bench/out/gated2", "--name", "n"]
