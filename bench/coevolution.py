@@ -27,6 +27,7 @@ Validation curve: the loop's round summaries (`val_score`: the whole val split, 
 False-accept check: bench/coevolution_null.py (N >= 200 null candidates, simulated from stored
 real per-task outcomes). The page and its intervals: bench/coevolution_report.py; the data it is
 built from is kept in bench/data/ and `--report-only` rebuilds the page from it.
+How the stored data names its files and folders: bench/coevolution_paths.py.
 
     python bench/coevolution.py [--small] [--seeds 2] [--envs bfcl,arithmetic] [--budget UNITS]
         [--out DIR] [--proposers demos,...] [--results docs/RESULTS.md] [--data JSON]
@@ -56,6 +57,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from coevolution_budget import Rates, calibrate, cost, measured, plan_round, trains  # noqa: E402
 from coevolution_null import collect, null_candidate, simulate  # noqa: E402,F401 (null_candidate: tests)
+from coevolution_paths import checkout_of, data_name, portable, stored_command  # noqa: E402,F401 (checkout_of: tests)
 from coevolution_report import MODE_ORDER, PEER_MODES, VARIANTS, _f, _slug, load_data, write_data, write_results  # noqa: E402,F401
 
 from coevo.blocks import merge_blocks  # noqa: E402
@@ -542,63 +544,6 @@ def _seed_list(text: str, seeds: int) -> set[int]:
     if not out or not out <= set(range(seeds)):
         raise CoevoError(f"--run-seeds: {text!r} must name seeds among 0..{seeds - 1} (--seeds {seeds})")
     return out
-
-
-def data_name(path: Path) -> str:
-    """How the page names a data file: relative to the checkout that holds it (this one, or
-    another clone the bench wrote into: `bench/data/...` reruns from either), or by its file
-    name when no checkout holds it."""
-    path = path.resolve()
-    root = REPO if path.is_relative_to(REPO) else checkout_of(path.parent)
-    return str(path.relative_to(root)) if root else path.name
-
-
-def checkout_of(path: Path) -> Path | None:
-    """The coevo checkout `path` lies in (the nearest folder up with a `.git` and this script
-    at bench/coevolution.py), or None: a file in some other repository is named by its name."""
-    return next((p for p in (path, *path.parents)
-                 if (p / ".git").exists() and (p / "bench" / "coevolution.py").is_file()), None)
-
-
-_FILE_FLAGS = ("--data", "--reuse")
-
-
-def stored_command(argv: list[str]) -> str:
-    """The command as the data file keeps it: --data and --reuse files named as `data_name`
-    names them (a file no checkout holds as `<its name>`) and the --out folder `<out>`, given
-    absolute or relative, so the stored command names no folder of the machine that ran it,
-    whichever checkout it ran from."""
-    def shown(value: str) -> str:
-        path = Path(value).resolve()
-        name = data_name(path)
-        return name if path.is_relative_to(REPO) or checkout_of(path.parent) else f"<{name}>"
-
-    out, flag = [], None
-    for arg in argv:
-        key, eq, value = arg.partition("=")
-        if flag:
-            arg = "<out>" if flag == "--out" else shown(arg)
-        elif eq and key == "--out":
-            arg = "--out=<out>"
-        elif eq and key in _FILE_FLAGS:
-            arg = f"{key}={shown(value)}"
-        flag = arg if arg in (*_FILE_FLAGS, "--out") else None
-        out.append(arg)
-    return "python bench/coevolution.py " + " ".join(out)
-
-
-def portable(report: dict[str, Any], out: Path, results: Path | None = None) -> dict[str, Any]:
-    """`report` with this checkout's path written "." and the --out folder "<out>" (in the
-    command, the configs' seed_dir and checkpoint folders), and a --results page outside the
-    checkout "<results>": the stored data and the page name no folder of the machine that ran
-    the bench."""
-    text = json.dumps(report, default=str)
-    pairs = [(out.resolve(), "<out>")]
-    if results is not None and not results.resolve().is_relative_to(REPO.resolve()):
-        pairs.append((results.resolve(), "<results>"))
-    for path, name in (*pairs, (REPO.resolve(), ".")):
-        text = text.replace(json.dumps(str(path))[1:-1], name)
-    return json.loads(text)
 
 
 def machine() -> str:
