@@ -503,7 +503,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "configs": {b.env: b.model_dump(mode="json", exclude=_SET_BY_BENCH) for b in bases},
               "base_val": base_vals, "runs": runs, "missing": missing, "null": null,
               "data": data_name(data_path)}
-    report = portable(report, out, a.results)
+    report = portable(report, out)
     write_data(report, data_path)
     path = write_results(report, a.results)
     _say(f"done in {report['seconds'] / 60:.1f} min (estimate {est / 60:.0f}); wrote {path} and {data_path}")

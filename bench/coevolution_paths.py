@@ -32,42 +32,39 @@ def checkout_of(path: Path) -> Path | None:
                  if (p / ".git").exists() and (p / "bench" / "coevolution.py").is_file()), None)
 
 
-_FILE_FLAGS = ("--data", "--reuse")
-
-
 def stored_command(argv: list[str]) -> str:
-    """The command as the data file keeps it: --data and --reuse files named as `data_name`
-    names them (a file no checkout holds as `<its name>`) and the --out folder `<out>`, given
-    absolute or relative, so the stored command names no folder of the machine that ran it,
-    whichever checkout it ran from."""
-    def shown(value: str) -> str:
+    """The command as the data file keeps it, naming no folder of the machine that ran it,
+    whichever checkout it ran from: --data and --reuse files as `data_name` names them (a file
+    no checkout holds as `<its name>`), a --results page in a checkout relative to it (else
+    `<results>`), and the --out folder `<out>`; each given absolute or relative, as `--flag
+    value` or `--flag=value`."""
+    def named(flag: str, value: str) -> str:
+        if flag == "--out":
+            return "<out>"
         path = Path(value).resolve()
         root = _root(path)
-        return str(path.relative_to(root)) if root else f"<{path.name}>"
+        if root:
+            return str(path.relative_to(root))
+        return "<results>" if flag == "--results" else f"<{path.name}>"
 
+    flags = ("--data", "--reuse", "--results", "--out")
     out, flag = [], None
     for arg in argv:
         key, eq, value = arg.partition("=")
         if flag:
-            arg = "<out>" if flag == "--out" else shown(arg)
-        elif eq and key == "--out":
-            arg = "--out=<out>"
-        elif eq and key in _FILE_FLAGS:
-            arg = f"{key}={shown(value)}"
-        flag = arg if arg in (*_FILE_FLAGS, "--out") else None
+            arg = named(flag, arg)
+        elif eq and key in flags:
+            arg = f"{key}={named(key, value)}"
+        flag = arg if arg in flags else None
         out.append(arg)
     return "python bench/coevolution.py " + " ".join(out)
 
 
-def portable(report: dict[str, Any], out: Path, results: Path | None = None) -> dict[str, Any]:
-    """`report` with this checkout's path written "." and the --out folder "<out>" (in the
-    command, the configs' seed_dir and checkpoint folders), and a --results page outside the
-    checkout "<results>": the stored data and the page name no folder of the machine that ran
-    the bench."""
+def portable(report: dict[str, Any], out: Path) -> dict[str, Any]:
+    """`report` with this checkout's path written "." and the --out folder "<out>" wherever
+    they occur (the command is named by `stored_command`; these are the configs' seed_dir and
+    checkpoint folders), so the stored data and the page name no folder of the machine."""
     text = json.dumps(report, default=str)
-    pairs = [(out.resolve(), "<out>")]
-    if results is not None and not results.resolve().is_relative_to(REPO.resolve()):
-        pairs.append((results.resolve(), "<results>"))
-    for path, name in (*pairs, (REPO.resolve(), ".")):
+    for path, name in ((out.resolve(), "<out>"), (REPO.resolve(), ".")):
         text = text.replace(json.dumps(str(path))[1:-1], name)
     return json.loads(text)

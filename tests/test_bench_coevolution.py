@@ -585,16 +585,18 @@ def test_stored_report_names_no_folder_of_the_machine_that_ran_it(tmp_path):
 
 
 def test_a_results_page_outside_the_checkout_is_named_not_stored(tmp_path):
-    """A --results page outside the checkout went into the stored command as the machine's
-    own path; inside the checkout it stays relative."""
-    out, page = tmp_path / "o", tmp_path / "elsewhere" / "R.md"
-    rep = {"command": f"python bench/coevolution.py --out {out} --results {page}"}
-    got = bench.portable(rep, out, page)
-    assert got["command"] == "python bench/coevolution.py --out <out> --results <results>"
+    """A --results page outside any checkout went into the stored command as the machine's own
+    path: it is `<results>`; a page in a checkout (this one or another clone) is named from it,
+    given as `--results P` or `--results=P`; the command is named by `stored_command` alone."""
+    page = tmp_path / "elsewhere" / "R.md"
+    assert bench.stored_command(["--out", str(tmp_path / "o"), "--results", str(page)]) == \
+        "python bench/coevolution.py --out <out> --results <results>"
+    other = _checkout(tmp_path / "main")
+    assert bench.stored_command([f"--results={other / 'docs' / 'RESULTS.md'}"]) == \
+        "python bench/coevolution.py --results=docs/RESULTS.md"
     inside = bench.REPO / "docs" / "RESULTS.md"
-    rep = {"command": f"python bench/coevolution.py --results {inside}"}
-    assert bench.portable(rep, out, inside)["command"] == \
-        "python bench/coevolution.py --results ./docs/RESULTS.md"
+    assert bench.stored_command(["--results", str(inside)]) == \
+        "python bench/coevolution.py --results docs/RESULTS.md"
 
 
 def test_the_rebuild_command_names_the_files_the_page_was_built_from(tmp_path):
