@@ -1,6 +1,6 @@
 """The co-evolution loop end to end on CPU: a tiny random Llama trained by the real RL stage,
 a scripted policy backend whose reply depends on the system prompt (so a harness revision can
-truly help), the real gate, evaluate() and store. Also RunConfig loading and overrides.
+truly help), the real gate, evaluate() and store. (RunConfig loading: tests/test_config.py.)
 
 `build()` is reused by tests/test_resume.py (in a subprocess), so it takes only plain values.
 """
@@ -14,7 +14,7 @@ import pytest
 
 from coevo.assets.harness import Harness
 from coevo.config import RunConfig
-from coevo.errors import AssetError, CoevoError
+from coevo.errors import CoevoError
 from coevo.loop import Parts, run_coevolution
 from coevo.models.scripted import ScriptedBackend
 from coevo.propose import make_proposer
@@ -204,56 +204,6 @@ def test_existing_run_name_needs_resume(tmp_path):
     with pytest.raises(CoevoError, match="differs from the run's in gate"):
         run_coevolution(config(tmp_path, "harness-only", gate={"alpha": 0.1}), store, parts,
                         resume=cfg.name)
-
-
-# --- RunConfig ---------------------------------------------------------------------------------
-
-
-def test_config_yaml_and_dotted_overrides(tmp_path):
-    path = tmp_path / "run.yaml"
-    path.write_text("name: x\nenv: rg:basic_arithmetic\nassets: {harness: reasoning}\n")
-    cfg = RunConfig.load(path, ["rounds=5", "gate.alpha=0.1", "rl.stage.steps=7",
-                                "proposers=[{name: demos, options: {k: 3}}]", "mode=ungated"])
-    assert (cfg.rounds, cfg.gate.alpha, cfg.rl.stage.steps, cfg.mode) == (5, 0.1, 7, "ungated")
-    assert cfg.proposers[0].options == {"k": 3}
-
-
-@pytest.mark.parametrize("override, field", [("gate.alfa=0.1", "gate.alfa"),
-                                             ("roundz=3", "roundz"),
-                                             ("mode=both", "mode"),
-                                             ("rl.train.lr=-1", "rl.train.lr")])
-def test_config_errors_name_the_key(tmp_path, override, field):
-    path = tmp_path / "run.yaml"
-    path.write_text("name: x\nenv: rg:basic_arithmetic\nassets: {harness: reasoning}\n")
-    with pytest.raises(AssetError) as e:
-        RunConfig.load(path, [override])
-    assert e.value.field == field and str(path) in str(e.value)
-
-
-def test_quickstart_config_is_valid():
-    cfg = RunConfig.load(Path(__file__).resolve().parent.parent / "training" / "quickstart.yaml")
-    assert cfg.mode == "gated" and [p.name for p in cfg.proposers] == ["demos"]
-
-
-@pytest.mark.parametrize("args, seed", [([], 0), (["--seed", "7"], 7)])
-def test_quickstart_seed_option_sets_the_run_seed(tmp_path, monkeypatch, args, seed):
-    """`coevo quickstart --seed N` runs the quickstart config with seed N (and only that
-    changed): the three-seed runs of the quickstart's evidence use it."""
-    from typer.testing import CliRunner
-
-    import coevo.cli as cli
-    import coevo.report as report
-
-    seen = []
-    monkeypatch.setattr(cli, "_run_and_summarise", lambda cfg, store, resume: seen.append(cfg))
-    monkeypatch.setattr(report, "write_report", lambda store, name, path: path)
-    monkeypatch.chdir(Path(__file__).resolve().parent.parent)
-    res = CliRunner().invoke(cli.app, ["quickstart", *args, "--db", str(tmp_path / "q.db")])
-    assert res.exit_code == 0, res.output
-    [cfg] = seen
-    base = RunConfig.load(Path("training") / "quickstart.yaml")
-    assert cfg.seed == seed and cfg.rounds == 2 and cfg.name.startswith("quickstart-")
-    assert cfg.model_dump(exclude={"seed", "name"}) == base.model_dump(exclude={"seed", "name"})
 
 
 def test_seed_test_scores_the_seed_on_the_final_tests_tasks(tmp_path):
