@@ -1,5 +1,7 @@
-"""RunConfig files layered with `extends:`: blocks merge key by key, anything else replaces;
-a missing, cyclic or malformed base is one error naming the file and `extends`."""
+"""RunConfig files: loading with dotted overrides, a bad key as one error naming the file and
+the key, the quickstart config; files layered with `extends:` (blocks merge key by key,
+anything else replaces; a missing, cyclic or malformed base is one error naming the file and
+`extends`)."""
 
 from __future__ import annotations
 
@@ -101,7 +103,7 @@ def test_doctests():
     assert got.attempted == 1 and got.failed == 0
 
 
-# --- loading, overrides and the quickstart config (from tests/test_loop.py) -------------------
+# --- loading, overrides and the quickstart config -----------------------------------------
 
 
 def test_config_yaml_and_dotted_overrides(tmp_path):
