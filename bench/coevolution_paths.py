@@ -15,14 +15,14 @@ def data_name(path: Path) -> str:
     """How the page names a data file: relative to the checkout that holds it (this one, or
     another clone the bench wrote into: `bench/data/...` reruns from either), or by its file
     name when no checkout holds it."""
+    return _in_checkout(path) or path.resolve().name
+
+
+def _in_checkout(path: Path) -> str | None:
+    """`path` relative to the checkout it lies in (this one or another coevo clone), or None."""
     path = path.resolve()
-    root = _root(path)
-    return str(path.relative_to(root)) if root else path.name
-
-
-def _root(path: Path) -> Path | None:
-    """The checkout a resolved `path` lies in: this one, another coevo clone, or None."""
-    return REPO if path.is_relative_to(REPO) else checkout_of(path.parent)
+    root = REPO if path.is_relative_to(REPO) else checkout_of(path.parent)
+    return str(path.relative_to(root)) if root else None
 
 
 def checkout_of(path: Path) -> Path | None:
@@ -41,11 +41,9 @@ def stored_command(argv: list[str]) -> str:
     def named(flag: str, value: str) -> str:
         if flag == "--out":
             return "<out>"
-        path = Path(value).resolve()
-        root = _root(path)
-        if root:
-            return str(path.relative_to(root))
-        return "<results>" if flag == "--results" else f"<{path.name}>"
+        path = Path(value)
+        fallback = "<results>" if flag == "--results" else f"<{path.resolve().name}>"
+        return _in_checkout(path) or fallback
 
     flags = ("--data", "--reuse", "--results", "--out")
     out, flag = [], None
